@@ -1,0 +1,437 @@
+// Package store is the registry's records in etcd: register an instance under
+// a lease, update it with compare-and-swap, delete it, and read it back at one
+// revision. Both regnode and lease/ write through it, so the rules (a
+// duplicate id alive under another owner is refused, concurrent writers to a
+// key never lose an update, junk is skipped and reported) hold for every
+// writer.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// ErrLeaseLost means the lease no longer exists in etcd (expired, revoked,
+// or etcd was restored without it): the registration must be made again.
+var ErrLeaseLost = errors.New("lease lost")
+
+// Config configures a Store.
+type Config struct {
+	// Client is the etcd client; the Store does not close it.
+	Client *clientv3.Client
+	// Prefix is the key prefix (default record.DefaultPrefix).
+	Prefix string
+	// PageSize bounds each range read of List (default 1000).
+	PageSize int64
+	// Logger receives junk-record reports (default slog.Default()).
+	Logger *slog.Logger
+	// OnJunk, if set, is called once for every junk record a read skips.
+	OnJunk func(key string, err error)
+	// Now is the wall clock used for registered_at (default time.Now).
+	Now func() time.Time
+}
+
+// Store reads and writes instance records. It is safe for concurrent use.
+type Store struct {
+	cli    *clientv3.Client
+	keys   record.Keys
+	page   int64
+	log    *slog.Logger
+	onJunk func(string, error)
+	now    func() time.Time
+}
+
+// New returns a Store; it fails only if cfg has no client.
+func New(cfg Config) (*Store, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("store: Config.Client is required")
+	}
+	s := &Store{cli: cfg.Client, keys: record.NewKeys(cfg.Prefix), page: cfg.PageSize,
+		log: cfg.Logger, onJunk: cfg.OnJunk, now: cfg.Now}
+	if s.page <= 0 {
+		s.page = 1000
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s, nil
+}
+
+// Keys is the key layout the Store writes.
+func (s *Store) Keys() record.Keys { return s.keys }
+
+// Client is the etcd client the Store uses.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+func (s *Store) junk(key string, err error) {
+	s.log.Warn("skipping junk record under the registry prefix", "key", key, "err", err)
+	if s.onJunk != nil {
+		s.onJunk(key, err)
+	}
+}
+
+// Registration is the outcome of a successful Register.
+type Registration struct {
+	LeaseID  int64
+	TTL      time.Duration
+	Revision int64
+	Instance *registryv1.Instance
+}
+
+// Register validates inst, grants a lease of ttl (0 means the default) and
+// stores inst under it. If the key is alive under another owner, it returns
+// an error wrapping record.ErrAlreadyExists and writes nothing; a record
+// with the same non-empty incarnation, or a junk record, is replaced and its
+// old lease revoked. Invalid input returns a *record.FieldError and writes
+// nothing.
+func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.Duration) (*Registration, error) {
+	if err := record.Validate(in); err != nil {
+		return nil, err
+	}
+	if err := record.ValidTTL(ttl); err != nil {
+		return nil, err
+	}
+	if ttl == 0 {
+		ttl = record.DefaultTTL
+	}
+	inst := proto.CloneOf(in)
+	record.Normalize(inst)
+	inst.Health = nil // written only by the prober
+	inst.ModRevision, inst.CreateRevision = 0, 0
+	inst.RegisteredAt = timestamppb.New(s.now())
+	key := s.keys.Instance(inst.Service, inst.Id)
+
+	grant, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("grant %s lease for %s: %w", ttl, key, err)
+	}
+	lease := grant.ID
+	inst.LeaseId = int64(lease)
+	val, err := record.Encode(inst)
+	if err != nil {
+		s.revoke(lease)
+		return nil, err
+	}
+	if len(val) > record.MaxRecordSize {
+		s.revoke(lease)
+		return nil, &record.FieldError{Field: "instance", Reason: fmt.Sprintf("record is %d bytes, at most %d", len(val), record.MaxRecordSize)}
+	}
+	for {
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).
+			Else(clientv3.OpGet(key)).
+			Commit()
+		if err != nil {
+			s.revoke(lease)
+			return nil, fmt.Errorf("register %s: %w", key, err)
+		}
+		if resp.Succeeded {
+			return s.registered(inst, lease, ttl, resp.Header.Revision), nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // deleted between the compare and the get: try again
+		}
+		kv := kvs[0]
+		old, derr := s.keys.Decode(key, kv.Value, kv.CreateRevision, kv.ModRevision)
+		if derr == nil && (inst.Incarnation == "" || old.Incarnation != inst.Incarnation) {
+			s.revoke(lease)
+			return nil, fmt.Errorf("register %s: %w (lease %x, incarnation %q)", key, record.ErrAlreadyExists, old.LeaseId, old.Incarnation)
+		}
+		if derr != nil {
+			s.junk(key, derr)
+		}
+		// Same owner (it lost track of its lease) or junk: replace.
+		resp, err = s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).
+			Commit()
+		if err != nil {
+			s.revoke(lease)
+			return nil, fmt.Errorf("register %s over its previous record: %w", key, err)
+		}
+		if !resp.Succeeded {
+			continue
+		}
+		if kv.Lease != 0 && kv.Lease != int64(lease) {
+			s.revoke(clientv3.LeaseID(kv.Lease))
+		}
+		return s.registered(inst, lease, ttl, resp.Header.Revision), nil
+	}
+}
+
+func (s *Store) registered(inst *registryv1.Instance, lease clientv3.LeaseID, ttl time.Duration, rev int64) *Registration {
+	inst.ModRevision, inst.CreateRevision = rev, rev
+	return &Registration{LeaseID: int64(lease), TTL: ttl, Revision: rev, Instance: inst}
+}
+
+// revoke drops a lease this store granted and will not use; failure only
+// delays its expiry by one TTL, so it is logged, not returned.
+func (s *Store) revoke(lease clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		s.log.Warn("revoke lease", "lease", fmt.Sprintf("%x", int64(lease)), "err", err)
+	}
+}
+
+// KeepAlive renews a lease once and returns its remaining TTL. A lease that
+// no longer exists returns ErrLeaseLost.
+func (s *Store) KeepAlive(ctx context.Context, leaseID int64) (time.Duration, error) {
+	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(leaseID))
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, ErrLeaseLost)
+		}
+		return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, err)
+	}
+	if resp.TTL <= 0 {
+		return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, ErrLeaseLost)
+	}
+	return time.Duration(resp.TTL) * time.Second, nil
+}
+
+// Update applies fn to the current record of service/id and writes the
+// result with compare-and-swap on its mod_revision, keeping its lease. On a
+// conflict it reads again and reapplies fn, so concurrent writers never lose
+// an update. fn may return an error to abort; a missing or junk record
+// returns an error wrapping record.ErrNotFound.
+func (s *Store) Update(ctx context.Context, service, id string, fn func(*registryv1.Instance) error) (*registryv1.Instance, int64, error) {
+	if err := record.ValidService(service); err != nil {
+		return nil, 0, err
+	}
+	if err := record.ValidID(id); err != nil {
+		return nil, 0, err
+	}
+	key := s.keys.Instance(service, id)
+	for {
+		cur, _, err := s.Get(ctx, service, id)
+		if err != nil {
+			return nil, 0, err
+		}
+		next := proto.CloneOf(cur)
+		if err := fn(next); err != nil {
+			return nil, 0, err
+		}
+		if err := record.Validate(next); err != nil {
+			return nil, 0, err
+		}
+		if proto.Equal(cur, next) {
+			return cur, cur.ModRevision, nil // nothing to write
+		}
+		val, err := record.Encode(next)
+		if err != nil {
+			return nil, 0, err
+		}
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease())).
+			Commit()
+		if err != nil {
+			return nil, 0, fmt.Errorf("update %s: %w", key, err)
+		}
+		if resp.Succeeded {
+			next.ModRevision = resp.Header.Revision
+			return next, resp.Header.Revision, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, 0, fmt.Errorf("update %s: %w", key, err)
+		}
+	}
+}
+
+// SetLifecycle writes lifecycle (and its reason) on service/id with
+// compare-and-swap. Draining is how a live instance leaves rotation.
+func (s *Store) SetLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+	if _, ok := registryv1.Lifecycle_name[int32(lc)]; !ok || lc == registryv1.Lifecycle_LIFECYCLE_UNSPECIFIED {
+		return nil, 0, &record.FieldError{Field: "lifecycle", Reason: fmt.Sprintf("unknown value %d", lc)}
+	}
+	if len(reason) > record.MaxReasonLen {
+		return nil, 0, &record.FieldError{Field: "reason", Reason: fmt.Sprintf("%d bytes, at most %d", len(reason), record.MaxReasonLen)}
+	}
+	return s.Update(ctx, service, id, func(in *registryv1.Instance) error {
+		in.Lifecycle = lc
+		in.LifecycleReason = reason
+		return nil
+	})
+}
+
+// Deregister deletes service/id and revokes the lease it was under. If
+// leaseID is non-zero it deletes only while the record is under that lease,
+// so a stale handle cannot remove a newer registration; deleted is false
+// when there was nothing (of that lease) to delete.
+func (s *Store) Deregister(ctx context.Context, service, id string, leaseID int64) (deleted bool, rev int64, err error) {
+	if err := record.ValidService(service); err != nil {
+		return false, 0, err
+	}
+	if err := record.ValidID(id); err != nil {
+		return false, 0, err
+	}
+	key := s.keys.Instance(service, id)
+	for {
+		resp, err := s.cli.Get(ctx, key)
+		if err != nil {
+			return false, 0, fmt.Errorf("deregister %s: %w", key, err)
+		}
+		if len(resp.Kvs) == 0 {
+			if leaseID != 0 {
+				s.revoke(clientv3.LeaseID(leaseID))
+			}
+			return false, resp.Header.Revision, nil
+		}
+		kv := resp.Kvs[0]
+		if leaseID != 0 && kv.Lease != leaseID {
+			s.revoke(clientv3.LeaseID(leaseID))
+			return false, resp.Header.Revision, nil
+		}
+		tx, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(clientv3.OpDelete(key)).
+			Commit()
+		if err != nil {
+			return false, 0, fmt.Errorf("deregister %s: %w", key, err)
+		}
+		if !tx.Succeeded {
+			continue
+		}
+		if kv.Lease != 0 {
+			s.revoke(clientv3.LeaseID(kv.Lease))
+		}
+		return true, tx.Header.Revision, nil
+	}
+}
+
+// Get returns the record of service/id and the revision it was read at. A
+// missing or junk record returns an error wrapping record.ErrNotFound (junk
+// is also reported).
+func (s *Store) Get(ctx context.Context, service, id string) (*registryv1.Instance, int64, error) {
+	if err := record.ValidService(service); err != nil {
+		return nil, 0, err
+	}
+	if err := record.ValidID(id); err != nil {
+		return nil, 0, err
+	}
+	key := s.keys.Instance(service, id)
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return nil, 0, fmt.Errorf("get %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, resp.Header.Revision, fmt.Errorf("%s/%s: %w", service, id, record.ErrNotFound)
+	}
+	kv := resp.Kvs[0]
+	inst, err := s.keys.Decode(key, kv.Value, kv.CreateRevision, kv.ModRevision)
+	if err != nil {
+		s.junk(key, err)
+		return nil, resp.Header.Revision, fmt.Errorf("%s/%s: %w (the stored record is junk)", service, id, record.ErrNotFound)
+	}
+	return inst, resp.Header.Revision, nil
+}
+
+// List returns every valid instance of service (every service if empty),
+// sorted by key, all read at one revision, which it returns. It reads in
+// pages; if etcd compacts that revision mid-way it starts over. skipped
+// counts junk records left out.
+func (s *Store) List(ctx context.Context, service string) (insts []*registryv1.Instance, rev int64, skipped int, err error) {
+	prefix := s.keys.Instances()
+	if service != "" {
+		if err := record.ValidService(service); err != nil {
+			return nil, 0, 0, err
+		}
+		prefix = s.keys.Service(service)
+	}
+	for {
+		insts, rev, skipped, err = s.list(ctx, prefix)
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			continue
+		}
+		return insts, rev, skipped, err
+	}
+}
+
+func (s *Store) list(ctx context.Context, prefix string) ([]*registryv1.Instance, int64, int, error) {
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	var (
+		out     []*registryv1.Instance
+		rev     int64
+		skipped int
+		from    = prefix
+	)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(s.page)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := s.cli.Get(ctx, from, opts...)
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("list %s at revision %d: %w", prefix, rev, err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			inst, err := s.keys.Decode(string(kv.Key), kv.Value, kv.CreateRevision, kv.ModRevision)
+			if err != nil {
+				s.junk(string(kv.Key), err)
+				skipped++
+				continue
+			}
+			out = append(out, inst)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return out, rev, skipped, nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// CompactRevision returns the revision etcd has compacted up to (0 if it
+// never compacted). etcd reports it only to a watcher that asks for a
+// compacted revision, so this opens a watch from revision 1 on a key nobody
+// writes, and asks for progress to learn "not compacted" without waiting.
+func (s *Store) CompactRevision(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), 5*time.Second)
+	defer cancel()
+	probe := s.keys.Prefix() + "\x00compact-probe"
+	wch := s.cli.Watch(ctx, probe, clientv3.WithRev(1), clientv3.WithFilterPut(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
+	// etcd answers a progress request only once the watcher has caught up
+	// with history, so ask again until it does.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case resp, ok := <-wch:
+			if !ok {
+				return 0, fmt.Errorf("read compact revision: %w", ctx.Err())
+			}
+			if resp.CompactRevision != 0 {
+				return resp.CompactRevision, nil
+			}
+			if err := resp.Err(); err != nil {
+				return 0, fmt.Errorf("read compact revision: %w", err)
+			}
+			if resp.IsProgressNotify() {
+				return 0, nil
+			}
+		case <-tick.C:
+			if err := s.cli.RequestProgress(ctx); err != nil {
+				return 0, fmt.Errorf("read compact revision: %w", err)
+			}
+		}
+	}
+}
