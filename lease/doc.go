@@ -1,0 +1,15 @@
+// Package lease keeps a registration alive: it registers an instance under
+// an etcd lease, renews the lease, and when the lease is lost (expired during
+// a partition, revoked behind its back, etcd restored without it) registers
+// the same instance id again by itself, with backoff and jitter, for as long
+// as the Keeper is open. It never gives up after N retries.
+//
+// The Keeper owns its renewal loop and reads every renewal itself, so etcd's
+// "keepalive response queue is full" cannot happen. Closing is graceful:
+// lifecycle DRAINING is written first, the drain grace period lets
+// subscribers see it, then the key is deleted and the lease revoked.
+//
+// The loop is written once, against a Backend: NewEtcdBackend talks to etcd
+// directly (regnode, or any Go program holding an etcd client); the SDK
+// supplies a Backend that goes through regnode's API.
+package lease

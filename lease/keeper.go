@@ -1,0 +1,357 @@
+package lease
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// ErrClosed is returned by a Keeper's methods after Close.
+var ErrClosed = errors.New("registration closed")
+
+// Config tunes a Keeper. Zero fields take the defaults documented on each.
+type Config struct {
+	// TTL is the lease TTL, 2s..1h (default 10s).
+	TTL time.Duration
+	// KeepAliveInterval is how often the lease is renewed (default TTL/3).
+	KeepAliveInterval time.Duration
+	// DrainGrace is how long Close leaves the instance DRAINING before
+	// deleting it, so that subscribers see it drain (default 2s).
+	DrainGrace time.Duration
+	// MinBackoff and MaxBackoff bound the retry delay after a failure
+	// (defaults 100ms and min(5s, TTL/2)); each wait is jittered.
+	MinBackoff, MaxBackoff time.Duration
+	// Logger receives state changes (default slog.Default()).
+	Logger *slog.Logger
+	// OnChange, if set, is called with the new Status every time the
+	// registration is made, lost or re-made. It runs on the Keeper's
+	// goroutine and must not block.
+	OnChange func(Status)
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := *c
+	if err := record.ValidTTL(out.TTL); err != nil {
+		return out, err
+	}
+	if out.TTL == 0 {
+		out.TTL = record.DefaultTTL
+	}
+	if out.KeepAliveInterval <= 0 {
+		out.KeepAliveInterval = out.TTL / 3
+	}
+	if out.KeepAliveInterval >= out.TTL {
+		return out, &record.FieldError{Field: "keepalive_interval", Reason: fmt.Sprintf("%s is not shorter than the TTL %s", out.KeepAliveInterval, out.TTL)}
+	}
+	if out.DrainGrace < 0 {
+		return out, &record.FieldError{Field: "drain_grace", Reason: "must not be negative"}
+	}
+	if out.DrainGrace == 0 {
+		out.DrainGrace = 2 * time.Second
+	}
+	if out.MinBackoff <= 0 {
+		out.MinBackoff = 100 * time.Millisecond
+	}
+	if out.MaxBackoff <= 0 {
+		out.MaxBackoff = min(5*time.Second, out.TTL/2)
+	}
+	if out.MaxBackoff < out.MinBackoff {
+		out.MaxBackoff = out.MinBackoff
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out, nil
+}
+
+// Status is a registration's state at one moment.
+type Status struct {
+	// Registered is true while the instance is known to be in etcd under
+	// a live lease: set on a successful register or renewal, cleared when
+	// the lease is reported lost or has not been renewed for a whole TTL.
+	Registered bool
+	// LeaseID is the current (or last) lease.
+	LeaseID int64
+	// Since is when Registered last changed.
+	Since time.Time
+	// Registrations counts successful registrations, the first included.
+	Registrations int
+	// LastError is the last failure, nil after a success.
+	LastError error
+}
+
+// Keeper is one live registration. Its methods are safe for concurrent use.
+type Keeper struct {
+	cfg     Config
+	backend Backend
+	log     *slog.Logger
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu struct {
+		sync.Mutex
+		inst   *registryv1.Instance
+		status Status
+		closed bool
+	}
+}
+
+// Start registers inst (filling a random incarnation if it has none) and
+// returns a Keeper that keeps it registered until Close. The first
+// registration is retried until it succeeds or ctx ends; invalid input and
+// an id owned by someone else fail at once.
+func Start(ctx context.Context, b Backend, inst *registryv1.Instance, cfg Config) (*Keeper, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := record.Validate(inst); err != nil {
+		return nil, err
+	}
+	in := proto.CloneOf(inst)
+	if in.Incarnation == "" {
+		in.Incarnation = NewIncarnation()
+	}
+	k := &Keeper{cfg: c, backend: b, log: c.Logger.With("service", in.Service, "id", in.Id), done: make(chan struct{})}
+	k.mu.inst = in
+	for attempt := 0; ; attempt++ {
+		err := k.register(ctx)
+		if err == nil {
+			break
+		}
+		if permanent(err) {
+			return nil, err
+		}
+		if !sleep(ctx, k.backoff(attempt)) {
+			return nil, fmt.Errorf("register %s/%s: %w (last error: %v)", in.Service, in.Id, ctx.Err(), err)
+		}
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	k.cancel = cancel
+	go k.run(loopCtx)
+	return k, nil
+}
+
+// NewIncarnation returns a random incarnation id for one registration handle.
+func NewIncarnation() string {
+	var b [12]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func permanent(err error) bool {
+	return errors.Is(err, record.ErrInvalid) || errors.Is(err, record.ErrAlreadyExists)
+}
+
+func (k *Keeper) backoff(attempt int) time.Duration {
+	d := k.cfg.MinBackoff << min(attempt, 20)
+	if d > k.cfg.MaxBackoff || d <= 0 {
+		d = k.cfg.MaxBackoff
+	}
+	return d/2 + rand.N(d/2+1) // jitter: spread retries of many instances
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (k *Keeper) register(ctx context.Context) error {
+	k.mu.Lock()
+	inst := proto.CloneOf(k.mu.inst)
+	k.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, k.cfg.TTL)
+	defer cancel()
+	g, err := k.backend.Register(rctx, inst, k.cfg.TTL)
+	if err != nil {
+		k.log.Warn("registration failed", "err", err)
+		k.setStatus(func(s *Status) { s.LastError = err })
+		return err
+	}
+	k.log.Info("registered", "lease", fmt.Sprintf("%x", g.LeaseID), "revision", g.Revision)
+	k.setStatus(func(s *Status) {
+		s.Registered, s.LeaseID, s.LastError = true, g.LeaseID, nil
+		s.Registrations++
+	})
+	return nil
+}
+
+func (k *Keeper) setStatus(f func(*Status)) {
+	k.mu.Lock()
+	before := k.mu.status
+	f(&k.mu.status)
+	if k.mu.status.Registered != before.Registered || k.mu.status.LeaseID != before.LeaseID {
+		k.mu.status.Since = time.Now()
+	}
+	st := k.mu.status
+	k.mu.Unlock()
+	if k.cfg.OnChange != nil && (st.Registered != before.Registered || st.LeaseID != before.LeaseID) {
+		k.cfg.OnChange(st)
+	}
+}
+
+// run renews the lease and registers again whenever it is lost, until ctx
+// is cancelled by Close.
+func (k *Keeper) run(ctx context.Context) {
+	defer close(k.done)
+	lastRenewed := time.Now()
+	failures := 0
+	for {
+		wait := k.cfg.KeepAliveInterval
+		if failures > 0 {
+			wait = min(wait, k.backoff(failures-1))
+		}
+		if !sleep(ctx, wait) {
+			return
+		}
+		st := k.Status()
+		if !st.Registered {
+			if err := k.register(ctx); err != nil {
+				failures++
+				continue
+			}
+			failures, lastRenewed = 0, time.Now()
+			continue
+		}
+		kctx, cancel := context.WithTimeout(ctx, k.cfg.KeepAliveInterval)
+		_, err := k.backend.KeepAlive(kctx, st.LeaseID)
+		cancel()
+		switch {
+		case err == nil:
+			failures, lastRenewed = 0, time.Now()
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrLeaseLost):
+			k.log.Warn("lease lost; registering again", "lease", fmt.Sprintf("%x", st.LeaseID), "err", err)
+			k.setStatus(func(s *Status) { s.Registered, s.LastError = false, err })
+			failures = 0
+			if k.register(ctx) != nil {
+				failures = 1
+			} else {
+				lastRenewed = time.Now()
+			}
+		default:
+			failures++
+			k.log.Warn("lease renewal failed", "lease", fmt.Sprintf("%x", st.LeaseID), "err", err, "unrenewed_for", time.Since(lastRenewed).Round(time.Millisecond))
+			// After a whole TTL without renewal the lease has expired as
+			// far as etcd is concerned: stop claiming to be registered and
+			// register again (the incarnation lets us replace our own
+			// record if it did survive).
+			expired := time.Since(lastRenewed) >= k.cfg.TTL
+			k.setStatus(func(s *Status) {
+				s.LastError = err
+				if expired {
+					s.Registered = false
+				}
+			})
+		}
+	}
+}
+
+// Status returns the registration's current state.
+func (k *Keeper) Status() Status {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.mu.status
+}
+
+// Registered reports whether the instance is in etcd under a live lease
+// right now, as far as this Keeper knows.
+func (k *Keeper) Registered() bool { return k.Status().Registered }
+
+// Instance returns the record as this Keeper registers it.
+func (k *Keeper) Instance() *registryv1.Instance {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return proto.CloneOf(k.mu.inst)
+}
+
+// Drain marks the instance DRAINING (no new requests) with reason. It also
+// holds across re-registrations.
+func (k *Keeper) Drain(ctx context.Context, reason string) error {
+	return k.setLifecycle(ctx, registryv1.Lifecycle_LIFECYCLE_DRAINING, reason)
+}
+
+// Serve marks the instance SERVING again (after STARTING or a Drain).
+func (k *Keeper) Serve(ctx context.Context) error {
+	return k.setLifecycle(ctx, registryv1.Lifecycle_LIFECYCLE_SERVING, "")
+}
+
+func (k *Keeper) setLifecycle(ctx context.Context, lc registryv1.Lifecycle, reason string) error {
+	k.mu.Lock()
+	if k.mu.closed {
+		k.mu.Unlock()
+		return ErrClosed
+	}
+	k.mu.inst.Lifecycle, k.mu.inst.LifecycleReason = lc, reason
+	service, id := k.mu.inst.Service, k.mu.inst.Id
+	k.mu.Unlock()
+	err := k.backend.SetLifecycle(ctx, service, id, lc, reason)
+	if errors.Is(err, record.ErrNotFound) {
+		// Between a lost lease and the next registration: the new record
+		// will carry the lifecycle set above.
+		return nil
+	}
+	return err
+}
+
+// Close drains the instance, waits the drain grace period (or until ctx
+// ends), stops renewing, deletes the record and revokes the lease. It is
+// idempotent; later calls return the first call's result.
+func (k *Keeper) Close(ctx context.Context) error {
+	k.closeOnce.Do(func() { k.closeErr = k.close(ctx) })
+	return k.closeErr
+}
+
+func (k *Keeper) close(ctx context.Context) error {
+	drained := true
+	if err := k.Drain(ctx, "shutting down"); err != nil {
+		drained = false
+		k.log.Warn("drain before deregister failed", "err", err)
+	}
+	k.mu.Lock()
+	k.mu.closed = true
+	k.mu.Unlock()
+	if drained {
+		sleep(ctx, k.cfg.DrainGrace)
+	}
+	k.cancel()
+	<-k.done
+	st := k.Status()
+	inst := k.Instance()
+	// A fresh context if the caller's is spent: deleting is what keeps a
+	// closed instance from lingering a whole TTL.
+	dctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithTimeout(context.Background(), k.cfg.TTL)
+		defer cancel()
+	}
+	if err := k.backend.Deregister(dctx, inst.Service, inst.Id, st.LeaseID); err != nil {
+		return fmt.Errorf("deregister %s/%s (its lease expires within %s anyway): %w", inst.Service, inst.Id, k.cfg.TTL, err)
+	}
+	k.setStatus(func(s *Status) { s.Registered = false })
+	k.log.Info("deregistered", "lease", fmt.Sprintf("%x", st.LeaseID))
+	return nil
+}
