@@ -58,7 +58,7 @@ func Start(t testing.TB, fsync bool) *Member {
 // Client returns a client of m that the test closes when it ends.
 func (m *Member) Client(t testing.TB) *clientv3.Client {
 	t.Helper()
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: 5 * time.Second, Logger: quietLogger()})
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: 5 * time.Second, Logger: QuietLogger()})
 	if err != nil {
 		t.Fatalf("etcd client: %v", err)
 	}

@@ -2,7 +2,8 @@ package etcdtest
 
 import "go.uber.org/zap"
 
-func quietLogger() *zap.Logger {
+// QuietLogger is a zap logger for etcd clients in tests: errors only.
+func QuietLogger() *zap.Logger {
 	cfg := zap.NewProductionConfig()
 	cfg.Level = zap.NewAtomicLevelAt(zap.ErrorLevel)
 	l, err := cfg.Build()

@@ -1,0 +1,154 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/regcluster/registry/lease"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+// RegisterOptions tune a registration; zero fields take lease.Config's
+// defaults (TTL 10s, renewal every TTL/3, drain grace 2s).
+type RegisterOptions struct {
+	TTL        time.Duration
+	DrainGrace time.Duration
+	// OnChange is called when the instance becomes registered, is lost, or
+	// is registered again; it must not block.
+	OnChange func(lease.Status)
+}
+
+// Registration is one instance kept registered through regnode. It keeps
+// the instance alive through the loss of a regnode (any regnode serves the
+// renewal) and through the loss of its lease (it registers again).
+type Registration struct {
+	k *lease.Keeper
+	b *apiBackend
+}
+
+// Register registers inst and keeps it registered until Close. The first
+// registration is retried until ctx ends; invalid input (record.ErrInvalid)
+// and an id alive under another owner (record.ErrAlreadyExists) fail at once.
+func (c *Client) Register(ctx context.Context, inst *registryv1.Instance, opts RegisterOptions) (*Registration, error) {
+	b := &apiBackend{api: c.api}
+	k, err := lease.Start(ctx, b, inst, lease.Config{
+		TTL: opts.TTL, DrainGrace: opts.DrainGrace, OnChange: opts.OnChange, Logger: c.log,
+	})
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	return &Registration{k: k, b: b}, nil
+}
+
+// Status is the registration's current state; Status().Registered says
+// whether the instance is in the registry right now.
+func (r *Registration) Status() lease.Status { return r.k.Status() }
+
+// Instance is the record as this registration writes it.
+func (r *Registration) Instance() *registryv1.Instance { return r.k.Instance() }
+
+// Drain marks the instance DRAINING: callers stop sending it new requests.
+func (r *Registration) Drain(ctx context.Context, reason string) error { return r.k.Drain(ctx, reason) }
+
+// Serve marks the instance SERVING (after STARTING, or to undo Drain).
+func (r *Registration) Serve(ctx context.Context) error { return r.k.Serve(ctx) }
+
+// Close drains, waits the drain grace, then deregisters and revokes the
+// lease. It is idempotent.
+func (r *Registration) Close(ctx context.Context) error {
+	err := r.k.Close(ctx)
+	r.b.close()
+	return err
+}
+
+// apiBackend is lease.Backend over regnode's API. Renewals share one
+// KeepAlive stream, reopened (on whichever regnode is up) after it breaks.
+type apiBackend struct {
+	api registryv1.RegistryClient
+
+	mu     sync.Mutex
+	stream registryv1.Registry_KeepAliveClient
+	cancel context.CancelFunc
+}
+
+func (b *apiBackend) Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration) (lease.Grant, error) {
+	resp, err := b.api.Register(ctx, &registryv1.RegisterRequest{Instance: inst, Ttl: durationpb.New(ttl)})
+	if err != nil {
+		return lease.Grant{}, fmt.Errorf("register %s/%s: %w", inst.GetService(), inst.GetId(), FromStatus(err))
+	}
+	return lease.Grant{LeaseID: resp.LeaseId, TTL: time.Duration(resp.TtlSeconds) * time.Second, Revision: resp.Revision}, nil
+}
+
+func (b *apiBackend) KeepAlive(ctx context.Context, leaseID int64) (time.Duration, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stream == nil {
+		sctx, cancel := context.WithCancel(context.Background())
+		s, err := b.api.KeepAlive(sctx)
+		if err != nil {
+			cancel()
+			return 0, fmt.Errorf("open keepalive stream: %w", FromStatus(err))
+		}
+		b.stream, b.cancel = s, cancel
+	}
+	// The stream outlives one call; a call whose ctx ends breaks it.
+	stop := context.AfterFunc(ctx, b.cancel)
+	defer stop()
+	resp, err := b.roundTrip(leaseID)
+	if err != nil {
+		b.cancel()
+		b.stream, b.cancel = nil, nil
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, FromStatus(err))
+	}
+	if resp.Lost {
+		return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, lease.ErrLeaseLost)
+	}
+	return time.Duration(resp.TtlSeconds) * time.Second, nil
+}
+
+func (b *apiBackend) roundTrip(leaseID int64) (*registryv1.KeepAliveResponse, error) {
+	if err := b.stream.Send(&registryv1.KeepAliveRequest{LeaseId: leaseID}); err != nil {
+		return nil, err
+	}
+	return b.stream.Recv()
+}
+
+func (b *apiBackend) SetLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) error {
+	var err error
+	switch lc {
+	case registryv1.Lifecycle_LIFECYCLE_DRAINING:
+		_, err = b.api.Drain(ctx, &registryv1.DrainRequest{Service: service, Id: id, Reason: reason})
+	case registryv1.Lifecycle_LIFECYCLE_SERVING:
+		_, err = b.api.Undrain(ctx, &registryv1.UndrainRequest{Service: service, Id: id})
+	default:
+		return fmt.Errorf("set %s/%s to %s: only DRAINING and SERVING can be set after registering", service, id, lc)
+	}
+	if err != nil {
+		return fmt.Errorf("set %s/%s to %s: %w", service, id, lc, FromStatus(err))
+	}
+	return nil
+}
+
+func (b *apiBackend) Deregister(ctx context.Context, service, id string, leaseID int64) error {
+	if _, err := b.api.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: id, LeaseId: leaseID}); err != nil {
+		return fmt.Errorf("deregister %s/%s: %w", service, id, FromStatus(err))
+	}
+	return nil
+}
+
+func (b *apiBackend) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cancel != nil {
+		b.cancel()
+		b.stream, b.cancel = nil, nil
+	}
+}

@@ -1,0 +1,168 @@
+// Command regnode is the registry daemon. With no flags it embeds a
+// single-member etcd (data in ./regnode.data) and serves the registry.v1 API
+// on 127.0.0.1:7400; --etcd-endpoints makes it a client of an external etcd
+// cluster instead. Every flag can also be set as REGNODE_<FLAG> (upper case,
+// '-' as '_'). SIGINT or SIGTERM stops it cleanly with exit status 0.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/regcluster/registry/node"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+type usageError struct{ error }
+
+func run(args []string) int {
+	cfg := node.DefaultConfig()
+	var (
+		logLevel        string
+		listenClient    []string
+		advertiseClient []string
+		listenPeer      []string
+		advertisePeer   []string
+	)
+	cmd := &cobra.Command{
+		Use:   "regnode",
+		Short: "Run a registry node (embedded etcd by default)",
+		Long: `regnode serves the registry.v1 API. With no flags it embeds one etcd member
+(data in ./regnode.data) and listens on 127.0.0.1:7400. --etcd-endpoints makes
+it a client of an external etcd cluster; --name/--initial-cluster and the URL
+flags let several regnodes embed the members of one etcd cluster.
+Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := fromEnv(cmd.Flags()); err != nil {
+				return usageError{err}
+			}
+			level, err := parseLevel(logLevel)
+			if err != nil {
+				return usageError{err}
+			}
+			cfg.Embed.ListenClientURLs, cfg.Embed.AdvertiseClientURLs = listenClient, advertiseClient
+			cfg.Embed.ListenPeerURLs, cfg.Embed.AdvertisePeerURLs = listenPeer, advertisePeer
+			if cfg.Name != "" {
+				cfg.Embed.Name = cfg.Name
+			}
+			cfg.Embed.LogLevel = "warn"
+			if level == slog.LevelDebug {
+				cfg.Embed.LogLevel = "info"
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			if err := cfg.Validate(); err != nil {
+				return usageError{err}
+			}
+			return serve(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "gRPC API address host:port")
+	f.StringVar(&cfg.Embed.Dir, "data-dir", cfg.Embed.Dir, "embedded etcd data directory")
+	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "use this external etcd cluster (URL,...); embed nothing")
+	f.StringVar(&cfg.Name, "name", "", "member name when embedding; also this regnode's name (default \"default\")")
+	f.StringVar(&cfg.Embed.InitialCluster, "initial-cluster", "", "members of the embedded cluster, NAME=PEER_URL,...")
+	f.StringVar(&cfg.Embed.ClusterState, "initial-cluster-state", "new", "new or existing")
+	f.StringVar(&cfg.Embed.Token, "initial-cluster-token", "regnode", "token that keeps separate clusters apart")
+	f.StringSliceVar(&listenClient, "listen-client-urls", []string{"http://127.0.0.1:2379"}, "embedded etcd client URLs")
+	f.StringSliceVar(&advertiseClient, "advertise-client-urls", nil, "client URLs told to the cluster (default: --listen-client-urls)")
+	f.StringSliceVar(&listenPeer, "listen-peer-urls", []string{"http://127.0.0.1:2380"}, "embedded etcd peer URLs")
+	f.StringSliceVar(&advertisePeer, "initial-advertise-peer-urls", nil, "peer URLs told to the cluster (default: --listen-peer-urls)")
+	f.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "etcd key prefix")
+	f.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "prober election session TTL")
+	f.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
+	f.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "Prometheus /metrics address, or \"off\"")
+	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "how long calls in flight may finish on shutdown")
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	cmd.SetArgs(args)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "regnode: %v\n", err)
+		var ue usageError
+		if errors.As(err, &ue) || strings.Contains(err.Error(), "unknown") {
+			fmt.Fprintln(os.Stderr, "Run 'regnode --help' for usage.")
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, cfg node.Config) error {
+	n, err := node.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "regnode %s: registry API on %s, metrics on %s\n", n.Name(), n.Addr(), orOff(n.MetricsAddr()))
+	var runErr error
+	select {
+	case <-ctx.Done():
+		cfg.Logger.Info("signal received; stopping")
+	case runErr = <-n.Err():
+		cfg.Logger.Error("stopping after a failure", "err", runErr)
+	}
+	if err := n.Close(); err != nil && runErr == nil {
+		runErr = err
+	}
+	return runErr
+}
+
+func orOff(s string) string {
+	if s == "" {
+		return "off"
+	}
+	return s
+}
+
+// fromEnv sets every flag not given on the command line from REGNODE_<FLAG>.
+func fromEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Changed || f.Name == "help" {
+			return
+		}
+		name := "REGNODE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if sv, isSlice := f.Value.(pflag.SliceValue); isSlice {
+				err = sv.Replace(strings.Split(v, ","))
+			} else {
+				err = f.Value.Set(v)
+			}
+			if err != nil {
+				err = fmt.Errorf("%s=%q: %w", name, v, err)
+			}
+		}
+	})
+	return err
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("--log-level %q must be debug, info, warn or error", s)
+}

@@ -1,0 +1,77 @@
+// Package metrics holds the registry_* Prometheus metrics of one regnode,
+// on a registry of its own (never the process-wide default), so several
+// regnodes can live in one test process.
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+// Metrics are the counters regnode keeps. Every field is safe for
+// concurrent use.
+type Metrics struct {
+	// Registry is what /metrics serves.
+	Registry *prometheus.Registry
+
+	Registrations      prometheus.Counter
+	RegistrationErrors *prometheus.CounterVec // by gRPC code
+	KeepAlives         prometheus.Counter
+	KeepAliveLost      prometheus.Counter
+	KeepAliveFailures  prometheus.Counter
+	KeepAliveStreams   prometheus.Gauge
+	JunkSkipped        prometheus.Counter
+	LifecycleWrites    *prometheus.CounterVec // by lifecycle
+	Deregistrations    prometheus.Counter
+	Requests           *prometheus.CounterVec   // by method, code
+	RequestSeconds     *prometheus.HistogramVec // by method
+}
+
+// New creates the metrics on a fresh registry that also carries the Go
+// runtime and process collectors.
+func New() *Metrics {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{
+		Registry:           r,
+		Registrations:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_registrations_total", Help: "Instances registered (each lease granted and put)."}),
+		RegistrationErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_registration_errors_total", Help: "Registrations refused or failed, by gRPC code."}, []string{"code"}),
+		KeepAlives:         prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_keepalives_total", Help: "Lease renewals served."}),
+		KeepAliveLost:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_keepalive_lost_total", Help: "Renewals of leases that no longer exist (the instance must register again)."}),
+		KeepAliveFailures:  prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_keepalive_failures_total", Help: "Renewals that failed on etcd."}),
+		KeepAliveStreams:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_keepalive_streams", Help: "Open KeepAlive streams."}),
+		JunkSkipped:        prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_junk_records_skipped_total", Help: "Records under the prefix that are not valid instances, skipped by readers."}),
+		LifecycleWrites:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_lifecycle_writes_total", Help: "Drain and undrain writes, by resulting lifecycle."}, []string{"lifecycle"}),
+		Deregistrations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_deregistrations_total", Help: "Instances deleted by Deregister."}),
+		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_requests_total", Help: "API calls, by method and gRPC code."}, []string{"method", "code"}),
+		RequestSeconds:     prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "registry_request_seconds", Help: "Latency of unary API calls.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"method"}),
+	}
+	r.MustRegister(m.Registrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
+		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Requests, m.RequestSeconds)
+	return m
+}
+
+// UnaryInterceptor counts and times every unary call.
+func (m *Metrics) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := h(ctx, req)
+		m.RequestSeconds.WithLabelValues(info.FullMethod).Observe(time.Since(start).Seconds())
+		m.Requests.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
+		return resp, err
+	}
+}
+
+// StreamInterceptor counts every stream when it ends.
+func (m *Metrics) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		err := h(srv, ss)
+		m.Requests.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
+		return err
+	}
+}

@@ -1,0 +1,328 @@
+// Package node assembles one regnode: an embedded etcd member (or a client
+// of an external etcd cluster), the registry.v1 API with gRPC health and
+// reflection, and Prometheus metrics. Start brings it up; Close stops it
+// cleanly: API streams closed, etcd closed, nothing lost.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/metrics"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+	"github.com/regcluster/registry/server"
+	"github.com/regcluster/registry/store"
+)
+
+// Version is the regnode version reported by Status.
+const Version = "0.1.0"
+
+// Config is everything a regnode needs. DefaultConfig gives the values of
+// `regnode` with no flags.
+type Config struct {
+	// Listen is the API address (default 127.0.0.1:7400; port 0 picks one).
+	Listen string
+	// MetricsListen serves /metrics (default 127.0.0.1:7401; "off"
+	// disables it; port 0 picks one).
+	MetricsListen string
+	// EtcdEndpoints, if set, makes this regnode a client of that external
+	// etcd cluster; Embed is then ignored.
+	EtcdEndpoints []string
+	// Embed configures the embedded etcd member.
+	Embed embedded.Config
+	// Name is this regnode's name (default: the embedded member's name, or
+	// the host name).
+	Name string
+	// Prefix is the key prefix (default /registry/v1/).
+	Prefix string
+	// SessionTTL is the prober election session TTL (default 10s).
+	SessionTTL time.Duration
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// ShutdownGrace bounds how long Close lets calls in flight finish
+	// before closing streams (default 2s).
+	ShutdownGrace time.Duration
+}
+
+// DefaultConfig is `regnode` with no flags.
+func DefaultConfig() Config {
+	return Config{
+		Listen:        "127.0.0.1:7400",
+		MetricsListen: "127.0.0.1:7401",
+		Embed:         embedded.Config{Name: "default", Dir: "regnode.data"},
+		Prefix:        record.DefaultPrefix,
+		SessionTTL:    10 * time.Second,
+		ShutdownGrace: 2 * time.Second,
+	}
+}
+
+// Validate reports the first setting that cannot work.
+func (c *Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("--listen %q is not host:port", c.Listen)
+	}
+	if c.MetricsListen != "off" && c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen %q is not host:port (or \"off\")", c.MetricsListen)
+		}
+	}
+	for _, ep := range c.EtcdEndpoints {
+		if strings.TrimSpace(ep) == "" {
+			return errors.New("--etcd-endpoints has an empty entry")
+		}
+	}
+	if c.SessionTTL != 0 && (c.SessionTTL < 2*time.Second || c.SessionTTL > time.Minute) {
+		return fmt.Errorf("--session-ttl %s is outside 2s..1m", c.SessionTTL)
+	}
+	if c.Prefix != "" && !strings.HasPrefix(c.Prefix, "/") {
+		return fmt.Errorf("--prefix %q must start with '/'", c.Prefix)
+	}
+	if s := c.Embed.ClusterState; s != "" && s != "new" && s != "existing" {
+		return fmt.Errorf("--initial-cluster-state %q must be new or existing", s)
+	}
+	return nil
+}
+
+// Node is a running regnode.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	etcd    *embed.Etcd // nil when external
+	cli     *clientv3.Client
+	grpc    *grpc.Server
+	health  *health.Server
+	lis     net.Listener
+	metrics *metrics.Metrics
+	mhttp   *http.Server
+	mlis    net.Listener
+
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+	done      chan struct{}
+	serveErr  chan error
+}
+
+// Start brings a regnode up and returns once its API accepts calls.
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
+	def := DefaultConfig()
+	if cfg.Listen == "" {
+		cfg.Listen = def.Listen
+	}
+	if cfg.MetricsListen == "" {
+		cfg.MetricsListen = def.MetricsListen
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = def.SessionTTL
+	}
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = def.ShutdownGrace
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = def.Prefix
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), serveErr: make(chan error, 3)}
+	defer func() {
+		if err != nil {
+			n.shutdown()
+		}
+	}()
+
+	endpoints := cfg.EtcdEndpoints
+	if len(endpoints) == 0 {
+		if n.etcd, err = embedded.Start(ctx, cfg.Embed); err != nil {
+			return nil, err
+		}
+		for _, u := range n.etcd.Clients {
+			endpoints = append(endpoints, "http://"+u.Addr().String())
+		}
+		if cfg.Name == "" {
+			cfg.Name = n.etcd.Config().Name
+		}
+		n.wg.Add(1)
+		go func() { // forwards a failure of the member until Close
+			defer n.wg.Done()
+			select {
+			case err := <-n.etcd.Err():
+				if err != nil {
+					n.serveErr <- fmt.Errorf("embedded etcd: %w", err)
+				}
+			case <-n.done:
+			}
+		}()
+	}
+	if cfg.Name == "" {
+		cfg.Name, _ = os.Hostname()
+	}
+	n.cfg = cfg
+	if n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second,
+		Logger: zapLogger(zap.WarnLevel), Context: context.Background()}); err != nil {
+		return nil, fmt.Errorf("etcd client of %v: %w", endpoints, err)
+	}
+	// Fail now, not on the first call, if etcd is not reachable.
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = n.cli.Get(pctx, "health-probe")
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("etcd at %v does not answer: %w", endpoints, err)
+	}
+
+	n.metrics = metrics.New()
+	st, err := store.New(store.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
+		OnJunk: func(string, error) { n.metrics.JunkSkipped.Inc() }})
+	if err != nil {
+		return nil, err
+	}
+	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
+		Version: Version, Logger: n.log})
+	if err != nil {
+		return nil, err
+	}
+	if n.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
+	}
+	n.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
+	)
+	registryv1.RegisterRegistryServer(n.grpc, api)
+	n.health = health.NewServer()
+	healthpb.RegisterHealthServer(n.grpc, n.health)
+	reflection.Register(n.grpc)
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	n.health.SetServingStatus(registryv1.Registry_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.grpc.Serve(n.lis); err != nil {
+			n.serveErr <- fmt.Errorf("API server: %w", err)
+		}
+	}()
+
+	if cfg.MetricsListen != "off" {
+		if n.mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			return nil, fmt.Errorf("listen for metrics on %s: %w", cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(n.metrics.Registry, promhttp.HandlerOpts{}))
+		n.mhttp = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.mhttp.Serve(n.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				n.serveErr <- fmt.Errorf("metrics server: %w", err)
+			}
+		}()
+	}
+	mode := "embedded etcd member " + cfg.Embed.Name + " (data in " + cfg.Embed.Dir + ")"
+	if n.etcd == nil {
+		mode = "external etcd " + strings.Join(endpoints, ",")
+	}
+	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "metrics", n.MetricsAddr(),
+		"etcd", mode, "prefix", cfg.Prefix)
+	return n, nil
+}
+
+// Addr is the API's listening address.
+func (n *Node) Addr() string { return n.lis.Addr().String() }
+
+// MetricsAddr is where /metrics is served, or "" if disabled.
+func (n *Node) MetricsAddr() string {
+	if n.mlis == nil {
+		return ""
+	}
+	return n.mlis.Addr().String()
+}
+
+// Name is this regnode's name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Etcd is the regnode's etcd client (owned by the Node).
+func (n *Node) Etcd() *clientv3.Client { return n.cli }
+
+// Metrics are the node's counters.
+func (n *Node) Metrics() *metrics.Metrics { return n.metrics }
+
+// Embedded is the embedded etcd member, or nil when etcd is external.
+func (n *Node) Embedded() *embed.Etcd { return n.etcd }
+
+// Err reports a server that stopped on its own (a listener failed) or an
+// embedded etcd that failed; regnode exits on it.
+func (n *Node) Err() <-chan error { return n.serveErr }
+
+// Close stops the regnode: health turns NOT_SERVING, calls in flight get
+// ShutdownGrace to finish, streams are closed (clients move to another
+// regnode), then the etcd client and the embedded member close. It is
+// idempotent.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() { n.closeErr = n.shutdown() })
+	return n.closeErr
+}
+
+func (n *Node) shutdown() error {
+	close(n.done)
+	if n.health != nil {
+		n.health.Shutdown()
+	}
+	if n.grpc != nil {
+		stopped := make(chan struct{})
+		go func() { n.grpc.GracefulStop(); close(stopped) }()
+		t := time.NewTimer(n.cfg.ShutdownGrace)
+		select {
+		case <-stopped:
+		case <-t.C:
+			n.grpc.Stop() // long streams (KeepAlive, Watch) end here
+			<-stopped
+		}
+		t.Stop()
+	}
+	var errs []error
+	if n.mhttp != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+		if err := n.mhttp.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop metrics server: %w", err))
+		}
+		cancel()
+	} else if n.mlis != nil {
+		n.mlis.Close()
+	}
+	if n.grpc == nil && n.lis != nil {
+		n.lis.Close()
+	}
+	n.wg.Wait()
+	if n.cli != nil {
+		if err := n.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, fmt.Errorf("close etcd client: %w", err))
+		}
+	}
+	if n.etcd != nil {
+		n.etcd.Close() // flushes and closes the member's WAL and backend
+	}
+	n.log.Info("regnode stopped", "node", n.cfg.Name)
+	return errors.Join(errs...)
+}

@@ -1,0 +1,327 @@
+// Package server implements the registry.v1.Registry API over etcd. Any
+// regnode serves any call: state lives in etcd, so an instance keeps its
+// lease alive through whichever regnode it reaches, and operators' writes
+// are compare-and-swap so they never lose a concurrent update.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/regcluster/registry/internal/metrics"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+	"github.com/regcluster/registry/store"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Store is where records live (required).
+	Store *store.Store
+	// Metrics receives counters (required; see metrics.New).
+	Metrics *metrics.Metrics
+	// Node is this regnode's name, reported by Status.
+	Node string
+	// Embedded says whether this regnode embeds an etcd member.
+	Embedded bool
+	// Version is reported by Status.
+	Version string
+	// Leader, if set, returns the name of the prober leader for Status.
+	Leader func(context.Context) string
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// CallTimeout bounds each etcd call made for one request (default 5s).
+	CallTimeout time.Duration
+}
+
+// Server is the Registry service. Its methods are safe for concurrent use.
+type Server struct {
+	registryv1.UnimplementedRegistryServer
+	cfg Config
+	st  *store.Store
+	m   *metrics.Metrics
+	log *slog.Logger
+}
+
+// New returns a Server; it fails if a required field is missing.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil || cfg.Metrics == nil {
+		return nil, errors.New("server: Config.Store and Config.Metrics are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 5 * time.Second
+	}
+	return &Server{cfg: cfg, st: cfg.Store, m: cfg.Metrics, log: cfg.Logger}, nil
+}
+
+// toStatus maps an error to the gRPC status a client branches on: the
+// field of an invalid input, not found, already exists, or unavailable
+// (etcd could not answer; try again or another regnode).
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	var fe *record.FieldError
+	switch {
+	case errors.As(err, &fe):
+		return status.Error(codes.InvalidArgument, fe.Error())
+	case errors.Is(err, record.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, record.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, record.ErrAlreadyExists):
+		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, store.ErrLeaseLost):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, rpctypes.ErrNoLeader), errors.Is(err, rpctypes.ErrTimeout):
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
+		return s.Err()
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
+
+func (s *Server) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.cfg.CallTimeout)
+}
+
+func invalid(field, format string, args ...any) error {
+	return toStatus(&record.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)})
+}
+
+// Register validates the instance (every rule of DESIGN.md; nothing is
+// written on failure), grants a lease and stores the instance under it.
+func (s *Server) Register(ctx context.Context, req *registryv1.RegisterRequest) (*registryv1.RegisterResponse, error) {
+	resp, err := s.register(ctx, req)
+	if err != nil {
+		s.m.RegistrationErrors.WithLabelValues(status.Code(err).String()).Inc()
+		return nil, err
+	}
+	s.m.Registrations.Inc()
+	return resp, nil
+}
+
+func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) (*registryv1.RegisterResponse, error) {
+	if req.GetInstance() == nil {
+		return nil, invalid("instance", "must be set")
+	}
+	var ttl time.Duration
+	if req.Ttl != nil {
+		if err := req.Ttl.CheckValid(); err != nil {
+			return nil, invalid("ttl", "%v", err)
+		}
+		ttl = req.Ttl.AsDuration()
+		if ttl == 0 {
+			return nil, invalid("ttl", "0s is outside %s..%s (omit it for the default %s)", record.MinTTL, record.MaxTTL, record.DefaultTTL)
+		}
+	}
+	ctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	reg, err := s.st.Register(ctx, req.Instance, ttl)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.log.Info("registered", "service", reg.Instance.Service, "id", reg.Instance.Id,
+		"address", reg.Instance.Address, "lease", fmt.Sprintf("%x", reg.LeaseID), "revision", reg.Revision)
+	return &registryv1.RegisterResponse{LeaseId: reg.LeaseID, Revision: reg.Revision,
+		TtlSeconds: int64(reg.TTL / time.Second), Instance: reg.Instance}, nil
+}
+
+// KeepAlive renews leases, one response per request, for as long as the
+// client keeps the stream open. A lease that no longer exists is answered
+// with lost=true (the client registers again); an etcd failure ends the
+// stream with Unavailable so the client retries, on this or another regnode.
+func (s *Server) KeepAlive(stream registryv1.Registry_KeepAliveServer) error {
+	s.m.KeepAliveStreams.Inc()
+	defer s.m.KeepAliveStreams.Dec()
+	ctx := stream.Context()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err // io.EOF included: the client closed its side
+		}
+		if req.LeaseId <= 0 {
+			return invalid("lease_id", "%d is not a lease", req.LeaseId)
+		}
+		cctx, cancel := s.callCtx(ctx)
+		ttl, err := s.st.KeepAlive(cctx, req.LeaseId)
+		cancel()
+		resp := &registryv1.KeepAliveResponse{LeaseId: req.LeaseId, TtlSeconds: int64(ttl / time.Second)}
+		switch {
+		case errors.Is(err, store.ErrLeaseLost):
+			s.m.KeepAliveLost.Inc()
+			resp.Lost, resp.TtlSeconds = true, 0
+		case err != nil:
+			s.m.KeepAliveFailures.Inc()
+			return toStatus(err)
+		default:
+			s.m.KeepAlives.Inc()
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// Deregister deletes an instance (only while under lease_id, if given) and
+// revokes its lease.
+func (s *Server) Deregister(ctx context.Context, req *registryv1.DeregisterRequest) (*registryv1.DeregisterResponse, error) {
+	ctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	deleted, rev, err := s.st.Deregister(ctx, req.Service, req.Id, req.LeaseId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !deleted && req.LeaseId == 0 {
+		return nil, status.Errorf(codes.NotFound, "%s/%s: %v", req.Service, req.Id, record.ErrNotFound)
+	}
+	if deleted {
+		s.m.Deregistrations.Inc()
+		s.log.Info("deregistered", "service", req.Service, "id", req.Id, "revision", rev)
+	}
+	return &registryv1.DeregisterResponse{Deleted: deleted, Revision: rev}, nil
+}
+
+// Drain marks an instance DRAINING with compare-and-swap.
+func (s *Server) Drain(ctx context.Context, req *registryv1.DrainRequest) (*registryv1.DrainResponse, error) {
+	inst, rev, err := s.setLifecycle(ctx, req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_DRAINING, req.Reason)
+	if err != nil {
+		return nil, err
+	}
+	return &registryv1.DrainResponse{Instance: inst, Revision: rev}, nil
+}
+
+// Undrain marks an instance SERVING with compare-and-swap.
+func (s *Server) Undrain(ctx context.Context, req *registryv1.UndrainRequest) (*registryv1.UndrainResponse, error) {
+	inst, rev, err := s.setLifecycle(ctx, req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_SERVING, "")
+	if err != nil {
+		return nil, err
+	}
+	return &registryv1.UndrainResponse{Instance: inst, Revision: rev}, nil
+}
+
+func (s *Server) setLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+	ctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	inst, rev, err := s.st.SetLifecycle(ctx, service, id, lc, reason)
+	if err != nil {
+		return nil, 0, toStatus(err)
+	}
+	s.m.LifecycleWrites.WithLabelValues(lc.String()).Inc()
+	s.log.Info("lifecycle set", "service", service, "id", id, "lifecycle", lc.String(), "reason", reason, "revision", rev)
+	return inst, rev, nil
+}
+
+// Get returns one instance and the revision it was read at.
+func (s *Server) Get(ctx context.Context, req *registryv1.GetRequest) (*registryv1.GetResponse, error) {
+	ctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	inst, rev, err := s.st.Get(ctx, req.Service, req.Id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &registryv1.GetResponse{Instance: inst, Revision: rev}, nil
+}
+
+// List returns the instances of a service (all if empty), all read at one
+// revision, which it returns.
+func (s *Server) List(ctx context.Context, req *registryv1.ListRequest) (*registryv1.ListResponse, error) {
+	ctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	insts, rev, skipped, err := s.st.List(ctx, req.Service)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &registryv1.ListResponse{Instances: insts, Revision: rev, Skipped: int64(skipped)}, nil
+}
+
+// Watch is served by the subscription issue; until then it says so.
+func (s *Server) Watch(*registryv1.WatchRequest, registryv1.Registry_WatchServer) error {
+	return status.Error(codes.Unimplemented, "Watch is not implemented yet: use List")
+}
+
+// Status reports the etcd cluster (members, leader, revision, compact
+// revision) and instance counts.
+func (s *Server) Status(ctx context.Context, _ *registryv1.StatusRequest) (*registryv1.StatusResponse, error) {
+	ctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	cli := s.st.Client()
+	ml, err := cli.MemberList(ctx)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("list etcd members: %w", err))
+	}
+	resp := &registryv1.StatusResponse{Node: s.cfg.Node, Embedded: s.cfg.Embedded, Version: s.cfg.Version,
+		ClusterId: ml.Header.ClusterId}
+	var etcdLeader uint64
+	for _, ep := range cli.Endpoints() {
+		st, err := cli.Status(ctx, ep)
+		if err != nil {
+			continue
+		}
+		etcdLeader, resp.EtcdVersion = st.Leader, st.Version
+		break
+	}
+	for _, m := range ml.Members {
+		resp.Members = append(resp.Members, &registryv1.Member{Id: m.ID, Name: m.Name, PeerUrls: m.PeerURLs,
+			ClientUrls: m.ClientURLs, IsLeader: m.ID == etcdLeader, IsLearner: m.IsLearner})
+	}
+	if resp.CompactRevision, err = s.st.CompactRevision(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	insts, rev, skipped, err := s.st.List(ctx, "")
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp.Revision, resp.JunkSkipped, resp.Counts = rev, int64(skipped), Count(insts)
+	if s.cfg.Leader != nil {
+		resp.Leader = s.cfg.Leader(ctx)
+	}
+	return resp, nil
+}
+
+// Count tallies instances by lifecycle and health.
+func Count(insts []*registryv1.Instance) *registryv1.InstanceCounts {
+	c := &registryv1.InstanceCounts{Total: int64(len(insts))}
+	services := map[string]struct{}{}
+	for _, in := range insts {
+		services[in.Service] = struct{}{}
+		switch in.Lifecycle {
+		case registryv1.Lifecycle_LIFECYCLE_STARTING:
+			c.Starting++
+		case registryv1.Lifecycle_LIFECYCLE_DRAINING:
+			c.Draining++
+		default:
+			c.Serving++
+		}
+		switch in.GetHealth().GetState() {
+		case registryv1.HealthState_HEALTH_STATE_HEALTHY:
+			c.Healthy++
+		case registryv1.HealthState_HEALTH_STATE_DEGRADED:
+			c.Degraded++
+		case registryv1.HealthState_HEALTH_STATE_UNAVAILABLE:
+			c.Unavailable++
+		default:
+			c.Unknown++
+		}
+	}
+	c.Services = int64(len(services))
+	return c
+}
