@@ -1,0 +1,141 @@
+package main
+
+import (
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// Output formats of -o.
+const (
+	outTable = "table"
+	outWide  = "wide"
+	outJSON  = "json"
+)
+
+// parseOutput checks the value of -o.
+func parseOutput(s string) (string, error) {
+	switch s {
+	case outTable, outWide, outJSON:
+		return s, nil
+	}
+	return "", usagef("invalid -o %q: must be table, wide or json", s)
+}
+
+// parseEndpoints splits a comma-separated list of regnode host:port
+// addresses, dropping empty entries.
+func parseEndpoints(s string) ([]string, error) {
+	var eps []string
+	for _, ep := range strings.Split(s, ",") {
+		ep = strings.TrimSpace(ep)
+		if ep == "" {
+			continue
+		}
+		if err := record.ValidAddress(ep); err != nil {
+			return nil, usagef("invalid endpoint %q: must be host:port", ep)
+		}
+		eps = append(eps, ep)
+	}
+	if len(eps) == 0 {
+		return nil, usagef("no endpoints given")
+	}
+	return eps, nil
+}
+
+// parseServiceID splits a SERVICE/ID argument and validates both halves
+// with the registry's own rules.
+func parseServiceID(arg string) (service, id string, err error) {
+	service, id, ok := strings.Cut(arg, "/")
+	if !ok {
+		return "", "", usagef("%q is not SERVICE/ID", arg)
+	}
+	if err := record.ValidService(service); err != nil {
+		return "", "", usagef("%q is not SERVICE/ID: %v", arg, err)
+	}
+	if err := record.ValidID(id); err != nil {
+		return "", "", usagef("%q is not SERVICE/ID: %v", arg, err)
+	}
+	return service, id, nil
+}
+
+// parseService validates a SERVICE argument.
+func parseService(arg string) (string, error) {
+	if err := record.ValidService(arg); err != nil {
+		return "", usagef("%v", err)
+	}
+	return arg, nil
+}
+
+// parseMeta turns repeated --meta k=v values into a map. A value may
+// contain '='; the key may not be empty or repeated.
+func parseMeta(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	md := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, usagef("invalid --meta %q: must be key=value", kv)
+		}
+		if k == "" {
+			return nil, usagef("invalid --meta %q: empty key", kv)
+		}
+		if _, dup := md[k]; dup {
+			return nil, usagef("invalid --meta %q: key %q given twice", kv, k)
+		}
+		md[k] = v
+	}
+	return md, nil
+}
+
+// parseCheck turns --check tcp|http:PATH|grpc[:SERVICE]|none and the
+// optional --check-interval and --check-timeout (nil when not given) into
+// a HealthCheck; nil means no check. The prober's target is always the
+// instance's own address.
+func parseCheck(spec string, interval, timeout *time.Duration) (*registryv1.HealthCheck, error) {
+	if spec == "" || spec == "none" {
+		if interval != nil || timeout != nil {
+			return nil, usagef("--check-interval and --check-timeout need --check")
+		}
+		return nil, nil
+	}
+	kind, target, hasTarget := strings.Cut(spec, ":")
+	c := &registryv1.HealthCheck{}
+	switch strings.ToLower(kind) {
+	case "tcp":
+		if hasTarget {
+			return nil, usagef("invalid --check %q: tcp takes no target (it connects to --address)", spec)
+		}
+		c.Kind = registryv1.CheckKind_CHECK_KIND_TCP
+	case "http":
+		if !strings.HasPrefix(target, "/") {
+			return nil, usagef("invalid --check %q: must be http:PATH with PATH starting with '/'", spec)
+		}
+		c.Kind, c.Target = registryv1.CheckKind_CHECK_KIND_HTTP, target
+	case "grpc":
+		if hasTarget && target == "" {
+			return nil, usagef("invalid --check %q: grpc:SERVICE needs a service name", spec)
+		}
+		c.Kind, c.Target = registryv1.CheckKind_CHECK_KIND_GRPC, target
+	default:
+		return nil, usagef("invalid --check %q: must be tcp, http:PATH, grpc[:SERVICE] or none", spec)
+	}
+	if interval != nil {
+		if *interval <= 0 {
+			return nil, usagef("invalid --check-interval %s: must be positive", *interval)
+		}
+		c.Interval = durationpb.New(*interval)
+	}
+	if timeout != nil {
+		if *timeout <= 0 {
+			return nil, usagef("invalid --check-timeout %s: must be positive", *timeout)
+		}
+		c.Timeout = durationpb.New(*timeout)
+	}
+	return c, nil
+}

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/regcluster/registry/client"
+)
+
+// envEndpoints is the environment variable read when --endpoints is not
+// given.
+const envEndpoints = "REGCTL_ENDPOINTS"
+
+// defaultTimeout bounds every call to a regnode unless --timeout says
+// otherwise.
+const defaultTimeout = 5 * time.Second
+
+// options are the global flags and the process's streams, shared by every
+// command.
+type options struct {
+	endpointsFlag string
+	endpoints     []string // resolved by connect
+	timeout       time.Duration
+	output        string
+
+	stdout, stderr io.Writer
+	getenv         func(string) string
+
+	// started is set once the command line has been parsed and a command
+	// is about to run: an untyped error before that is cobra's, a usage
+	// error.
+	started bool
+}
+
+// run executes regctl with args and returns the process exit code. It
+// prints errors itself: one line on stderr prefixed "regctl: ".
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	o := &options{stdout: stdout, stderr: stderr, getenv: getenv}
+	root := newRootCmd(o)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return exitOK
+	}
+	var ue *usageError
+	if !errors.As(err, &ue) && !o.started {
+		// Cobra's own complaints (unknown subcommand of a command with
+		// subcommands, and the like) are usage errors.
+		ue = &usageError{msg: err.Error()}
+		err = ue
+	}
+	if ue != nil && ue.cmd == "" && cmd != nil {
+		ue.cmd = cmd.CommandPath()
+	}
+	if len(o.endpoints) == 0 {
+		o.endpoints = []string{o.endpointsFlag}
+	}
+	fmt.Fprintf(stderr, "regctl: %s\n", describe(err, o))
+	return exitCode(err)
+}
+
+// newRootCmd builds the command tree.
+func newRootCmd(o *options) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "regctl",
+		Short: "regctl operates an etcd-backed service registry through its regnodes",
+		Long: `regctl operates an etcd-backed service registry through its regnodes.
+
+It lists services and instances, registers an instance from the shell,
+drains, undrains and deregisters instances, and shows cluster status.
+Endpoints come from --endpoints, else $REGCTL_ENDPOINTS, else 127.0.0.1:7400.
+
+Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.ArbitraryArgs,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := parseOutput(o.output); err != nil {
+				return err
+			}
+			if o.timeout <= 0 {
+				return usagef("invalid --timeout %s: must be positive", o.timeout)
+			}
+			o.started = true
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += fmt.Sprintf("; did you mean %q?", s[0])
+			}
+			return &usageError{cmd: cmd.CommandPath(), msg: msg}
+		},
+	}
+	root.CompletionOptions.HiddenDefaultCmd = true
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return &usageError{cmd: c.CommandPath(), msg: err.Error()}
+	})
+	pf := root.PersistentFlags()
+	pf.StringVar(&o.endpointsFlag, "endpoints", "", "regnode API addresses, host:port,... (default $"+envEndpoints+" or "+client.DefaultEndpoint+")")
+	pf.DurationVar(&o.timeout, "timeout", defaultTimeout, "how long to wait for a regnode's answer")
+	pf.StringVarP(&o.output, "output", "o", outTable, "output format: table, wide or json")
+
+	root.AddCommand(
+		newServicesCmd(o),
+		newListCmd(o),
+		newGetCmd(o),
+		newRegisterCmd(o),
+		newDrainCmd(o),
+		newUndrainCmd(o),
+		newDeregisterCmd(o),
+		newStatusCmd(o),
+	)
+	return root
+}
+
+// nArgs accepts between min and max positional arguments, named in the
+// error.
+func nArgs(min, max int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) >= min && len(args) <= max {
+			return nil
+		}
+		var want string
+		switch {
+		case max == 0:
+			want = "no arguments"
+		case min == max:
+			want = fmt.Sprintf("exactly %s", names)
+		default:
+			want = fmt.Sprintf("at most %s", names)
+		}
+		return &usageError{cmd: cmd.CommandPath(), msg: fmt.Sprintf("%s takes %s, got %d argument(s)", cmd.CommandPath(), want, len(args))}
+	}
+}
+
+// resolveEndpoints picks --endpoints, else $REGCTL_ENDPOINTS, else the
+// default.
+func (o *options) resolveEndpoints() ([]string, error) {
+	s := o.endpointsFlag
+	if s == "" && o.getenv != nil {
+		s = o.getenv(envEndpoints)
+	}
+	if s == "" {
+		s = client.DefaultEndpoint
+	}
+	eps, err := parseEndpoints(s)
+	if err != nil {
+		return nil, err
+	}
+	o.endpoints = eps
+	return eps, nil
+}
+
+// connect returns a client of the endpoints; logger receives the SDK's
+// logs (nil discards them).
+func (o *options) connect(logger *slog.Logger) (*client.Client, error) {
+	eps, err := o.resolveEndpoints()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return client.New(client.Config{Endpoints: eps, Logger: logger})
+}
+
+// callCtx bounds one call to a regnode by --timeout.
+func (o *options) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, o.timeout)
+}
+
+// printJSON writes v as indented JSON followed by a newline.
+func (o *options) printJSON(v any) error {
+	enc := json.NewEncoder(o.stdout)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// printJSONLine writes v as one line of JSON.
+func (o *options) printJSONLine(v any) error {
+	enc := json.NewEncoder(o.stdout)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// wide reports whether -o wide was asked for.
+func (o *options) wide() bool { return o.output == outWide }
+
+// json reports whether -o json was asked for.
+func (o *options) json() bool { return o.output == outJSON }
+
+// endpointList is the endpoints for messages.
+func (o *options) endpointList() string { return strings.Join(o.endpoints, ",") }
