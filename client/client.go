@@ -134,4 +134,3 @@ func (e *statusError) Unwrap() error        { return e.err }
 
 // GRPCStatus lets status.FromError see through the wrapper.
 func (e *statusError) GRPCStatus() *status.Status { s, _ := status.FromError(e.err); return s }
-

@@ -258,9 +258,15 @@ func TestInvalidInputRefused(t *testing.T) {
 	// Drain/get/deregister with bad names are refused too.
 	for _, err := range []error{
 		func() error { _, err := api.Drain(ctx, &registryv1.DrainRequest{Service: "BAD", Id: "x"}); return err }(),
-		func() error { _, err := api.Drain(ctx, &registryv1.DrainRequest{Service: "orders", Id: "x", Reason: strings.Repeat("r", 2000)}); return err }(),
+		func() error {
+			_, err := api.Drain(ctx, &registryv1.DrainRequest{Service: "orders", Id: "x", Reason: strings.Repeat("r", 2000)})
+			return err
+		}(),
 		func() error { _, err := api.Get(ctx, &registryv1.GetRequest{Service: "orders", Id: "a/b"}); return err }(),
-		func() error { _, err := api.Deregister(ctx, &registryv1.DeregisterRequest{Service: "", Id: "x"}); return err }(),
+		func() error {
+			_, err := api.Deregister(ctx, &registryv1.DeregisterRequest{Service: "", Id: "x"})
+			return err
+		}(),
 		func() error { _, err := api.List(ctx, &registryv1.ListRequest{Service: "no such!"}); return err }(),
 	} {
 		if status.Code(err) != codes.InvalidArgument {
