@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -106,7 +105,7 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg     Config
 	log     *slog.Logger
-	etcd    *embed.Etcd // nil when external
+	etcd    *embedded.Member // nil when external
 	cli     *clientv3.Client
 	grpc    *grpc.Server
 	health  *health.Server
@@ -155,6 +154,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 
 	endpoints := cfg.EtcdEndpoints
 	if len(endpoints) == 0 {
+		if cfg.Embed.Logger == nil {
+			cfg.Embed.Logger = cfg.Logger
+		}
 		if n.etcd, err = embedded.Start(ctx, cfg.Embed); err != nil {
 			return nil, err
 		}
@@ -269,7 +271,7 @@ func (n *Node) Etcd() *clientv3.Client { return n.cli }
 func (n *Node) Metrics() *metrics.Metrics { return n.metrics }
 
 // Embedded is the embedded etcd member, or nil when etcd is external.
-func (n *Node) Embedded() *embed.Etcd { return n.etcd }
+func (n *Node) Embedded() *embedded.Member { return n.etcd }
 
 // Err reports a server that stopped on its own (a listener failed) or an
 // embedded etcd that failed; regnode exits on it.

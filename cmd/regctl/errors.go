@@ -74,7 +74,7 @@ func describe(err error, o *options) string {
 		switch st.Code() {
 		case codes.Unavailable:
 			if isDialFailure(st.Message()) {
-				return fmt.Sprintf("cannot reach a regnode at %s: %s", strings.Join(o.endpoints, ","), oneLine(st.Message()))
+				return fmt.Sprintf("cannot reach a regnode at %s: %s", o.endpointList(), oneLine(st.Message()))
 			}
 			return "regnode unavailable: " + oneLine(st.Message())
 		case codes.DeadlineExceeded:
@@ -91,7 +91,7 @@ func describe(err error, o *options) string {
 }
 
 func noAnswer(o *options) string {
-	return fmt.Sprintf("no answer from a regnode at %s within %s (--timeout)", strings.Join(o.endpoints, ","), o.timeout)
+	return fmt.Sprintf("no answer from a regnode at %s within %s (--timeout)", o.endpointList(), o.timeout)
 }
 
 // grpcStatus finds the gRPC status an error carries, however wrapped. Unlike

@@ -62,9 +62,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if ue != nil && ue.cmd == "" && cmd != nil {
 		ue.cmd = cmd.CommandPath()
 	}
-	if len(o.endpoints) == 0 {
-		o.endpoints = []string{o.endpointsFlag}
-	}
 	fmt.Fprintf(stderr, "regctl: %s\n", describe(err, o))
 	return exitCode(err)
 }
@@ -106,6 +103,10 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		},
 	}
 	root.CompletionOptions.HiddenDefaultCmd = true
+	root.SuggestionsMinimumDistance = 2
+	// The root runs only to report an unknown command: its usage shows
+	// "regctl [command]", not "regctl [flags]".
+	root.SetUsageTemplate(strings.Replace(root.UsageTemplate(), "Usage:{{if .Runnable}}", "Usage:{{if and .Runnable .HasParent}}", 1))
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &usageError{cmd: c.CommandPath(), msg: err.Error()}
 	})

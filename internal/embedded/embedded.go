@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -40,6 +42,22 @@ type Config struct {
 	// ProgressNotifyInterval is how often idle watchers hear progress
 	// (default 5s).
 	ProgressNotifyInterval time.Duration
+	// Logger receives etcd's own logs at LogLevel and above (default:
+	// etcd's own zap logger on stderr).
+	Logger *slog.Logger
+}
+
+// Member is a running embedded etcd member.
+type Member struct {
+	*embed.Etcd
+	closing *atomic.Bool
+}
+
+// Close stops the member, quietly: the errors etcd logs about its own
+// listeners closing are dropped.
+func (m *Member) Close() {
+	m.closing.Store(true)
+	m.Etcd.Close()
 }
 
 func (c *Config) defaults() {
@@ -99,7 +117,7 @@ func parseURLs(field string, ss []string) ([]url.URL, error) {
 
 // Start starts the member and waits until it serves clients, ctx is done,
 // or ReadyTimeout passes. The caller closes the returned member.
-func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
+func Start(ctx context.Context, c Config) (*Member, error) {
 	c.defaults()
 	cfg := embed.NewConfig()
 	cfg.Name = c.Name
@@ -126,6 +144,10 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	// One process, many members in tests: never share the default metrics
 	// endpoints or the process-wide zap globals.
 	cfg.Metrics = "basic"
+	closing := &atomic.Bool{}
+	if c.Logger != nil {
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(c.Logger, c.LogLevel, closing))
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("embedded etcd %s: %w", c.Name, err)
 	}
@@ -137,7 +159,7 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	defer t.Stop()
 	select {
 	case <-e.Server.ReadyNotify():
-		return e, nil
+		return &Member{Etcd: e, closing: closing}, nil
 	case err := <-e.Err():
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd %s failed while starting: %w", c.Name, err)

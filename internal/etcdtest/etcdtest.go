@@ -10,7 +10,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 
 	"github.com/regcluster/registry/internal/embedded"
@@ -29,7 +28,7 @@ func FreePort(t testing.TB) int {
 
 // Member is one running embedded etcd member.
 type Member struct {
-	Etcd      *embed.Etcd
+	Etcd      *embedded.Member
 	ClientURL string
 	PeerURL   string
 }

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/regcluster/registry/internal/view"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+func newServicesCmd(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "services",
+		Short: "List services with their instances counted by state",
+		Long: `List every service with its instances counted by lifecycle (serving,
+draining; starting with -o wide) and by health (healthy, degraded,
+unavailable, unknown). -o json prints an array of objects.`,
+		Args: nArgs(0, 0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			insts, err := listInstances(cmd, o, "")
+			if err != nil {
+				return err
+			}
+			counts := view.CountServices(insts)
+			if o.json() {
+				return o.printJSON(counts)
+			}
+			return view.WriteServices(o.stdout, counts, o.wide())
+		},
+	}
+}
+
+// listInstances calls List for service (every service when empty).
+func listInstances(cmd *cobra.Command, o *options, service string) ([]*registryv1.Instance, error) {
+	c, err := o.connect(nil)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	ctx, cancel := o.callCtx(cmd.Context())
+	defer cancel()
+	resp, err := c.API().List(ctx, &registryv1.ListRequest{Service: service})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetInstances(), nil
+}

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/regcluster/registry/internal/view"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+func newStatusCmd(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the regnode, its etcd cluster and instance counts",
+		Long: `Show the regnode that answered, the prober leader ("-" when none), the etcd
+revision and compact revision, the cluster id and members (with the etcd
+leader), and the instances counted by state. -o wide adds the members' peer
+URLs. -o json prints one object:
+
+  {"node","leader","revision","compact_revision","members":[{"id","name",
+   "peer_urls","client_urls","is_leader","is_learner"}],"cluster_id",
+   "counts":{...},"junk_skipped","embedded","etcd_version","version"}`,
+		Args: nArgs(0, 0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := o.connect(nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := o.callCtx(cmd.Context())
+			defer cancel()
+			resp, err := c.API().Status(ctx, &registryv1.StatusRequest{})
+			if err != nil {
+				return err
+			}
+			v := view.NewStatus(resp)
+			if o.json() {
+				return o.printJSON(v)
+			}
+			return view.WriteStatus(o.stdout, v, o.wide())
+		},
+	}
+}

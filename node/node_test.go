@@ -1,0 +1,136 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/node"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+// Members of one cluster talk over HTTP (rafthttp); etcd leaves those idle
+// peer connections to the runtime after Close, so they are not ours.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, append(etcdtest.LeakOptions(),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
+		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+	)...)
+}
+
+// Three regnodes embed the three members of one etcd cluster: a write
+// through one is read through another, and Status lists all three.
+func TestThreeEmbeddedMembers(t *testing.T) {
+	names := []string{"n1", "n2", "n3"}
+	peers := map[string]string{}
+	clients := map[string]string{}
+	var initial []string
+	for _, n := range names {
+		peers[n] = fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+		clients[n] = fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+		initial = append(initial, n+"="+peers[n])
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	nodes := make([]*node.Node, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Add(1)
+		go func() { // members wait for each other: start them together
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			nodes[i], errs[i] = node.Start(ctx, node.Config{
+				Listen: "127.0.0.1:0", MetricsListen: "off", Name: n, Logger: quiet, ShutdownGrace: 200 * time.Millisecond,
+				Embed: embedded.Config{Name: n, Dir: t.TempDir(), ListenClientURLs: []string{clients[n]},
+					ListenPeerURLs: []string{peers[n]}, InitialCluster: strings.Join(initial, ","), UnsafeNoFsync: true},
+			})
+		}()
+	}
+	wg.Wait()
+	for i := range nodes {
+		if errs[i] != nil {
+			t.Fatalf("start %s: %v", names[i], errs[i])
+		}
+		t.Cleanup(func() { nodes[i].Close() })
+	}
+	conn := func(n *node.Node) *grpc.ClientConn {
+		cc, err := grpc.NewClient(n.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	ctx := context.Background()
+	r1 := registryv1.NewRegistryClient(conn(nodes[0]))
+	r3 := registryv1.NewRegistryClient(conn(nodes[2]))
+	reg, err := r1.Register(ctx, &registryv1.RegisterRequest{Instance: &registryv1.Instance{Service: "orders", Id: "o-1", Address: "10.0.0.1:80"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := r3.Get(ctx, &registryv1.GetRequest{Service: "orders", Id: "o-1"})
+	if err != nil || g.Instance.LeaseId != reg.LeaseId {
+		t.Fatalf("get through n3 = %v, %v", g, err)
+	}
+	st, err := r3.Status(ctx, &registryv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders := 0
+	for _, m := range st.Members {
+		if m.IsLeader {
+			leaders++
+		}
+	}
+	if len(st.Members) != 3 || leaders != 1 || st.Node != "n3" || !st.Embedded {
+		t.Fatalf("status = %v", st)
+	}
+	// Closing one regnode (and its member) leaves the other two serving:
+	// quorum holds.
+	if err := nodes[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := healthpb.NewHealthClient(conn(nodes[1])).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("n2 health = %v, %v", h, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := r3.Drain(cctx, &registryv1.DrainRequest{Service: "orders", Id: "o-1", Reason: "n1 down"}); err != nil {
+		t.Fatalf("drain with one member down: %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []node.Config{
+		{Listen: "nope"},
+		{Listen: "127.0.0.1:0", MetricsListen: "x"},
+		{Listen: "127.0.0.1:0", SessionTTL: time.Second},
+		{Listen: "127.0.0.1:0", Prefix: "relative/"},
+		{Listen: "127.0.0.1:0", EtcdEndpoints: []string{" "}},
+		{Listen: "127.0.0.1:0", Embed: embedded.Config{ClusterState: "maybe"}},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v validated", c)
+		}
+	}
+	def := node.DefaultConfig()
+	if err := def.Validate(); err != nil {
+		t.Fatalf("default config: %v", err)
+	}
+}
