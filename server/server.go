@@ -136,7 +136,7 @@ func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) 
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	s.log.Info("registered", "service", reg.Instance.Service, "id", reg.Instance.Id,
+	s.log.Debug("registered", "service", reg.Instance.Service, "id", reg.Instance.Id,
 		"address", reg.Instance.Address, "lease", fmt.Sprintf("%x", reg.LeaseID), "revision", reg.Revision)
 	return &registryv1.RegisterResponse{LeaseId: reg.LeaseID, Revision: reg.Revision,
 		TtlSeconds: int64(reg.TTL / time.Second), Instance: reg.Instance}, nil

@@ -45,6 +45,9 @@ type options struct {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	o := &options{stdout: stdout, stderr: stderr, getenv: getenv}
 	root := newRootCmd(o)
+	if args == nil {
+		args = []string{} // nil would make cobra read os.Args
+	}
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
