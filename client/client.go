@@ -6,10 +6,12 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -42,10 +44,18 @@ type Config struct {
 // Client is a connection to the regnodes of one registry. It is safe for
 // concurrent use; Close it when done.
 type Client struct {
-	cc  *grpc.ClientConn
-	api registryv1.RegistryClient
-	log *slog.Logger
+	cc     *grpc.ClientConn
+	api    registryv1.RegistryClient
+	log    *slog.Logger
+	ctx    context.Context // ends on Close: the lifetime of shared subscriptions
+	cancel context.CancelFunc
+
+	sharedMu sync.Mutex
+	shared   map[string]*shared
+	closed   bool
 }
+
+var errClientClosed = errors.New("registry client closed")
 
 var schemeSeq atomic.Int64
 
@@ -81,15 +91,35 @@ func New(cfg Config) (*Client, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log}, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
+		shared: map[string]*shared{}}, nil
 }
 
 // API is the raw registry.v1 client, for calls the SDK does not wrap.
 func (c *Client) API() registryv1.RegistryClient { return c.api }
 
-// Close closes the connections. Registrations made through the Client
+// Close stops the subscriptions shared by resolvers and closes the
+// connections. Registrations and subscriptions made through the Client
 // should be closed first.
-func (c *Client) Close() error { return c.cc.Close() }
+func (c *Client) Close() error {
+	c.sharedMu.Lock()
+	c.closed = true
+	subs := make([]*Subscription, 0, len(c.shared))
+	for k, sh := range c.shared {
+		if sh.timer != nil {
+			sh.timer.Stop()
+		}
+		subs = append(subs, sh.sub)
+		delete(c.shared, k)
+	}
+	c.sharedMu.Unlock()
+	c.cancel()
+	for _, s := range subs {
+		s.Close()
+	}
+	return c.cc.Close()
+}
 
 // FromStatus turns a regnode error into one that wraps the sentinel a
 // caller branches on (record.ErrInvalid, record.ErrNotFound,

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -57,6 +58,12 @@ type Config struct {
 	SessionTTL time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// RingSize bounds the recent events kept for resuming subscribers
+	// (default 10000).
+	RingSize int
+	// QueueSize bounds each subscriber's queue before it is reset
+	// (default 1024).
+	QueueSize int
 	// ShutdownGrace bounds how long Close lets calls in flight finish
 	// before closing streams (default 2s).
 	ShutdownGrace time.Duration
@@ -111,6 +118,8 @@ type Node struct {
 	health  *health.Server
 	lis     net.Listener
 	metrics *metrics.Metrics
+	hub     *fanout.Hub
+	stopHub context.CancelFunc
 	mhttp   *http.Server
 	mlis    net.Listener
 
@@ -145,7 +154,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), serveErr: make(chan error, 3)}
+	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), serveErr: make(chan error, 4)}
 	defer func() {
 		if err != nil {
 			n.shutdown()
@@ -200,8 +209,29 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	m := n.metrics
+	n.hub, err = fanout.New(fanout.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
+		RingSize: cfg.RingSize, QueueSize: cfg.QueueSize,
+		OnJunk:         func(string, error) { m.JunkSkipped.Inc() },
+		OnWatchRestart: func(reason string, _ error) { m.WatchRestarts.WithLabelValues(reason).Inc() },
+		OnReset:        func(reason string) { m.ResetsSent.WithLabelValues(reason).Inc() },
+		OnStale:        func() { m.StaleBatches.Inc() },
+		OnSubscribers:  func(k int) { m.Subscribers.Set(float64(k)) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	hubCtx, stopHub := context.WithCancel(context.Background())
+	n.stopHub = stopHub
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.hub.Run(hubCtx); err != nil && hubCtx.Err() == nil {
+			n.serveErr <- fmt.Errorf("fan-out: %w", err)
+		}
+	}()
 	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
-		Version: Version, Logger: n.log})
+		Version: Version, Logger: n.log, Hub: n.hub})
 	if err != nil {
 		return nil, err
 	}
@@ -270,6 +300,9 @@ func (n *Node) Etcd() *clientv3.Client { return n.cli }
 // Metrics are the node's counters.
 func (n *Node) Metrics() *metrics.Metrics { return n.metrics }
 
+// Hub is the node's subscription fan-out.
+func (n *Node) Hub() *fanout.Hub { return n.hub }
+
 // Embedded is the embedded etcd member, or nil when etcd is external.
 func (n *Node) Embedded() *embedded.Member { return n.etcd }
 
@@ -290,6 +323,9 @@ func (n *Node) shutdown() error {
 	close(n.done)
 	if n.health != nil {
 		n.health.Shutdown()
+	}
+	if n.stopHub != nil {
+		n.stopHub() // ends every Watch stream: subscribers resume elsewhere
 	}
 	if n.grpc != nil {
 		stopped := make(chan struct{})

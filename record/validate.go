@@ -223,3 +223,26 @@ func Normalize(inst *registryv1.Instance) {
 		inst.Lifecycle = registryv1.Lifecycle_LIFECYCLE_SERVING
 	}
 }
+
+// Routable reports whether callers may send inst new requests: lifecycle
+// SERVING and health HEALTHY, DEGRADED or UNKNOWN (not probed yet, or no
+// check). DRAINING, STARTING and UNAVAILABLE instances are never routable.
+func Routable(inst *registryv1.Instance) bool {
+	if inst.GetLifecycle() != registryv1.Lifecycle_LIFECYCLE_SERVING {
+		return false
+	}
+	return inst.GetHealth().GetState() != registryv1.HealthState_HEALTH_STATE_UNAVAILABLE
+}
+
+// EffectiveWeight is the weight a balancer should give inst: its weight
+// (default 100), quartered while DEGRADED so it takes less traffic.
+func EffectiveWeight(inst *registryv1.Instance) uint32 {
+	w := inst.GetWeight()
+	if w == 0 {
+		w = DefaultWeight
+	}
+	if inst.GetHealth().GetState() == registryv1.HealthState_HEALTH_STATE_DEGRADED {
+		w = max(1, w/4)
+	}
+	return w
+}

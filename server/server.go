@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -35,6 +37,8 @@ type Config struct {
 	Version string
 	// Leader, if set, returns the name of the prober leader for Status.
 	Leader func(context.Context) string
+	// Hub serves Watch; without it Watch is Unimplemented.
+	Hub *fanout.Hub
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// CallTimeout bounds each etcd call made for one request (default 5s).
@@ -253,9 +257,68 @@ func (s *Server) List(ctx context.Context, req *registryv1.ListRequest) (*regist
 	return &registryv1.ListResponse{Instances: insts, Revision: rev, Skipped: int64(skipped)}, nil
 }
 
-// Watch is served by the subscription issue; until then it says so.
-func (s *Server) Watch(*registryv1.WatchRequest, registryv1.Registry_WatchServer) error {
-	return status.Error(codes.Unimplemented, "Watch is not implemented yet: use List")
+// SnapshotChunk is how many instances one Watch snapshot message carries
+// at most; bigger snapshots are sent in chunks flagged more=true.
+const SnapshotChunk = 500
+
+// Watch serves a subscription from this regnode's fan-out (no etcd watch
+// per subscriber): a snapshot or the missed transactions, then every
+// transaction and progress, each with its revision.
+func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_WatchServer) error {
+	if s.cfg.Hub == nil {
+		return status.Error(codes.Unimplemented, "this regnode serves no subscriptions")
+	}
+	ctx := stream.Context()
+	sub, err := s.cfg.Hub.Subscribe(ctx, req.Service, req.FromRevision)
+	if err != nil {
+		if errors.Is(err, fanout.ErrBehind) || errors.Is(err, fanout.ErrClosed) {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		return toStatus(err)
+	}
+	defer sub.Close()
+	for {
+		m, err := sub.Next(ctx)
+		if err != nil {
+			if errors.Is(err, fanout.ErrClosed) {
+				return status.Error(codes.Unavailable, "regnode is stopping; resume on another")
+			}
+			return toStatus(err)
+		}
+		if err := send(stream, m); err != nil {
+			return err
+		}
+	}
+}
+
+func send(stream registryv1.Registry_WatchServer, m fanout.Message) error {
+	if m.Snapshot {
+		insts := m.Instances
+		for {
+			n := min(len(insts), SnapshotChunk)
+			more := n < len(insts)
+			if err := stream.Send(&registryv1.WatchResponse{Revision: m.Revision, Kind: &registryv1.WatchResponse_Snapshot{
+				Snapshot: &registryv1.Snapshot{Instances: insts[:n], Reset_: m.Reset, NewEpoch: m.NewEpoch, More: more}}}); err != nil {
+				return err
+			}
+			insts = insts[n:]
+			if !more {
+				return nil
+			}
+		}
+	}
+	if len(m.Events) == 0 {
+		return stream.Send(&registryv1.WatchResponse{Revision: m.Revision, Kind: &registryv1.WatchResponse_Progress{Progress: &registryv1.Progress{}}})
+	}
+	evs := make([]*registryv1.Event, len(m.Events))
+	for i, e := range m.Events {
+		if e.Type == cache.Put {
+			evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_PUT, Instance: e.Instance, Service: e.Service, Id: e.ID}
+		} else {
+			evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_DELETE, Service: e.Service, Id: e.ID}
+		}
+	}
+	return stream.Send(&registryv1.WatchResponse{Revision: m.Revision, Kind: &registryv1.WatchResponse_Events{Events: &registryv1.Events{Events: evs}}})
 }
 
 // Status reports the etcd cluster (members, leader, revision, compact

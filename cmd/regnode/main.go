@@ -87,6 +87,8 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "prober election session TTL")
 	f.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "Prometheus /metrics address, or \"off\"")
+	f.IntVar(&cfg.RingSize, "watch-ring-size", 10000, "recent events kept to resume subscribers without a reset")
+	f.IntVar(&cfg.QueueSize, "watch-queue-size", 1024, "messages queued per subscriber before it is reset")
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "how long calls in flight may finish on shutdown")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cmd.SetArgs(args)

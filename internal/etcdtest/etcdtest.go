@@ -5,6 +5,8 @@ package etcdtest
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -46,6 +48,7 @@ func Start(t testing.TB, fsync bool) *Member {
 		ListenClientURLs: []string{cu}, ListenPeerURLs: []string{pu},
 		UnsafeNoFsync: !fsync, LogLevel: "error",
 		ProgressNotifyInterval: 500 * time.Millisecond,
+		Logger:                 slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatalf("start etcd: %v", err)

@@ -28,6 +28,10 @@ type Metrics struct {
 	JunkSkipped        prometheus.Counter
 	LifecycleWrites    *prometheus.CounterVec // by lifecycle
 	Deregistrations    prometheus.Counter
+	Subscribers        prometheus.Gauge
+	ResetsSent         *prometheus.CounterVec // by reason
+	WatchRestarts      *prometheus.CounterVec // by reason
+	StaleBatches       prometheus.Counter
 	Requests           *prometheus.CounterVec   // by method, code
 	RequestSeconds     *prometheus.HistogramVec // by method
 }
@@ -48,11 +52,15 @@ func New() *Metrics {
 		JunkSkipped:        prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_junk_records_skipped_total", Help: "Records under the prefix that are not valid instances, skipped by readers."}),
 		LifecycleWrites:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_lifecycle_writes_total", Help: "Drain and undrain writes, by resulting lifecycle."}, []string{"lifecycle"}),
 		Deregistrations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_deregistrations_total", Help: "Instances deleted by Deregister."}),
+		Subscribers:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_subscribers", Help: "Watch subscribers served by this regnode."}),
+		ResetsSent:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_resets_sent_total", Help: "Reset snapshots sent to subscribers, by reason (ring, slow-subscriber, etcd-relist, new-epoch)."}, []string{"reason"}),
+		WatchRestarts:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_etcd_watch_restarts_total", Help: "Times this regnode's etcd watch was re-established, by reason."}, []string{"reason"}),
+		StaleBatches:       prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_stale_batches_total", Help: "Batches refused by a cache because they were older than it."}),
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_requests_total", Help: "API calls, by method and gRPC code."}, []string{"method", "code"}),
 		RequestSeconds:     prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "registry_request_seconds", Help: "Latency of unary API calls.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"method"}),
 	}
 	r.MustRegister(m.Registrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
-		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Requests, m.RequestSeconds)
+		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.ResetsSent, m.WatchRestarts, m.StaleBatches, m.Requests, m.RequestSeconds)
 	return m
 }
 

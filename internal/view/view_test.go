@@ -285,6 +285,13 @@ func TestWatchLines(t *testing.T) {
 		t.Errorf("delete = %v", evs[1])
 	}
 
+	epoch := lines(&registryv1.WatchResponse{Revision: 3, Kind: &registryv1.WatchResponse_Snapshot{Snapshot: &registryv1.Snapshot{
+		Reset_: true, NewEpoch: true, Instances: []*registryv1.Instance{fullInstance()}}}})
+	wantKeys(t, "new epoch snapshot", epoch[0], "type", "revision", "reset", "instances", "new_epoch")
+	if epoch[0]["reset"] != true || epoch[0]["new_epoch"] != true || len(epoch[0]["instances"].([]any)) != 1 {
+		t.Errorf("new epoch snapshot = %v", epoch[0])
+	}
+
 	prog := lines(&registryv1.WatchResponse{Revision: 9, Kind: &registryv1.WatchResponse_Progress{Progress: &registryv1.Progress{}}})
 	wantKeys(t, "progress", prog[0], "type", "revision")
 }

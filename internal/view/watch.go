@@ -27,6 +27,9 @@ type WatchLine struct {
 	// present on a snapshot, so it is a pointer.
 	Reset     *bool      `json:"reset,omitempty"`
 	Instances []Instance `json:"instances,omitzero"`
+	// NewEpoch is set (true) on a reset snapshot after etcd was restored
+	// or replaced: the one case where the revision may go down.
+	NewEpoch bool `json:"new_epoch,omitzero"`
 	// Instance is set on puts only.
 	Instance *Instance `json:"instance,omitempty"`
 	// Service and ID are set on deletes only.
@@ -38,13 +41,16 @@ type WatchLine struct {
 // a snapshot or a progress notification, one per event for a batch of
 // events (all at the response's revision). A snapshot with no instances
 // carries "instances":[]; an unknown kind gives no line.
+//
+// A snapshot may arrive in chunks (Snapshot.more): join the chunks' instances
+// into the last chunk before converting, so that a snapshot is one line.
 func NewWatchLines(r *registryv1.WatchResponse) []WatchLine {
 	rev := r.GetRevision()
 	switch k := r.GetKind().(type) {
 	case *registryv1.WatchResponse_Snapshot:
 		reset := k.Snapshot.GetReset_()
 		insts := NewInstances(k.Snapshot.GetInstances())
-		line := WatchLine{Type: WatchSnapshot, Revision: rev, Reset: &reset, Instances: insts}
+		line := WatchLine{Type: WatchSnapshot, Revision: rev, Reset: &reset, Instances: insts, NewEpoch: k.Snapshot.GetNewEpoch()}
 		return []WatchLine{line}
 	case *registryv1.WatchResponse_Events:
 		out := make([]WatchLine, 0, len(k.Events.GetEvents()))

@@ -1422,9 +1422,15 @@ func (x *WatchRequest) GetFromRevision() int64 {
 }
 
 type Snapshot struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Instances     []*Instance            `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
-	Reset_        bool                   `protobuf:"varint,2,opt,name=reset,proto3" json:"reset,omitempty"` // replaces everything the subscriber held
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Instances []*Instance            `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	Reset_    bool                   `protobuf:"varint,2,opt,name=reset,proto3" json:"reset,omitempty"` // replaces everything the subscriber held
+	// etcd was restored or replaced (its cluster id changed or its revision
+	// went down): the one case where a subscriber's revision may go down.
+	NewEpoch bool `protobuf:"varint,3,opt,name=new_epoch,json=newEpoch,proto3" json:"new_epoch,omitempty"`
+	// more: further chunks of this snapshot follow, at the same revision; a
+	// subscriber applies the snapshot when the chunk with more=false arrives.
+	More          bool `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1469,6 +1475,20 @@ func (x *Snapshot) GetInstances() []*Instance {
 func (x *Snapshot) GetReset_() bool {
 	if x != nil {
 		return x.Reset_
+	}
+	return false
+}
+
+func (x *Snapshot) GetNewEpoch() bool {
+	if x != nil {
+		return x.NewEpoch
+	}
+	return false
+}
+
+func (x *Snapshot) GetMore() bool {
+	if x != nil {
+		return x.More
 	}
 	return false
 }
@@ -2174,10 +2194,12 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\askipped\x18\x03 \x01(\x03R\askipped\"M\n" +
 	"\fWatchRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12#\n" +
-	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\"U\n" +
+	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\"\x86\x01\n" +
 	"\bSnapshot\x123\n" +
 	"\tinstances\x18\x01 \x03(\v2\x15.registry.v1.InstanceR\tinstances\x12\x14\n" +
-	"\x05reset\x18\x02 \x01(\bR\x05reset\"\xce\x01\n" +
+	"\x05reset\x18\x02 \x01(\bR\x05reset\x12\x1b\n" +
+	"\tnew_epoch\x18\x03 \x01(\bR\bnewEpoch\x12\x12\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xce\x01\n" +
 	"\x05Event\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.registry.v1.Event.TypeR\x04type\x121\n" +
 	"\binstance\x18\x02 \x01(\v2\x15.registry.v1.InstanceR\binstance\x12\x18\n" +

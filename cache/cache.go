@@ -1,0 +1,176 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+// ErrStale is wrapped by Apply's error when it refuses a batch older than
+// the cache (or an incremental batch at the cache's own revision: already
+// applied). A refused batch changes nothing and is counted in Stats.Stale.
+var ErrStale = errors.New("stale batch")
+
+// Stats are the cache's counters since New. Each only grows.
+type Stats struct {
+	// Applied counts accepted batches that moved the cache: incremental
+	// batches, progress batches that advanced the revision, and snapshots.
+	Applied uint64
+	// Stale counts batches refused with ErrStale.
+	Stale uint64
+	// Resets counts accepted snapshots marked Reset or NewEpoch.
+	Resets uint64
+	// NewEpochs counts accepted snapshots marked NewEpoch.
+	NewEpochs uint64
+	// Invalid counts events and snapshot entries skipped as malformed (see
+	// Event and Batch.Instances).
+	Invalid uint64
+}
+
+// Cache is the local view of the registry. The zero value is an empty cache
+// at revision 0, ready to use; New returns one too.
+//
+// Apply is meant to be called by one goroutine at a time (the watcher that
+// feeds the cache); concurrent calls are serialized by a mutex, so they are
+// safe but their order is arbitrary. Every read method may be called from
+// any goroutine at any time: reads take no lock and see the last published
+// Snapshot in full.
+type Cache struct {
+	mu  sync.Mutex // serializes Apply
+	cur atomic.Pointer[Snapshot]
+
+	applied, stale, resets, newEpochs, invalid atomic.Uint64
+}
+
+// New returns an empty cache at revision 0.
+func New() *Cache { return &Cache{} }
+
+// Apply applies b and returns what it changed.
+//
+//   - Incremental (events, !Snapshot): refused with ErrStale unless
+//     b.Revision is above the cache's revision; the events are applied in
+//     order and the Diff holds their net effect.
+//   - Progress (no events, !Snapshot): a revision at or below the cache's is
+//     a no-op with a nil error and an empty Diff at the current revision; a
+//     higher one advances the revision with an empty Diff.
+//   - Snapshot: refused with ErrStale if b.Revision is below the cache's
+//     revision, unless b.NewEpoch; otherwise b.Instances replaces
+//     everything, and instances absent from it are reported Removed.
+//
+// A refused batch changes nothing. An accepted one is published atomically:
+// readers see all of it or none of it. Apply never modifies b or the
+// instances in it, and keeps them: the caller must not modify them either.
+func (c *Cache) Apply(b Batch) (Diff, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev := c.load()
+	var (
+		next *Snapshot
+		d    Diff
+	)
+	switch {
+	case b.Snapshot:
+		if b.Revision < prev.revision && !b.NewEpoch {
+			return c.refuse(b, prev)
+		}
+		net := make(netChanges, len(prev.services))
+		for svc, list := range prev.services {
+			for _, in := range list {
+				net.set(Key{svc, in.Id}, nil)
+			}
+		}
+		for _, in := range b.Instances {
+			if in == nil || in.Service == "" || in.Id == "" {
+				c.invalid.Add(1)
+				continue
+			}
+			net.set(Key{in.Service, in.Id}, in)
+		}
+		next, d = build(prev, b.Revision, net, true, !b.NewEpoch)
+		if b.Reset || b.NewEpoch {
+			c.resets.Add(1)
+		}
+		if b.NewEpoch {
+			c.newEpochs.Add(1)
+		}
+	case len(b.Events) == 0:
+		if b.Revision <= prev.revision {
+			return Diff{Revision: prev.revision}, nil
+		}
+		next = &Snapshot{revision: b.Revision, services: prev.services, names: prev.names, n: prev.n}
+		d = Diff{Revision: b.Revision}
+	default:
+		if b.Revision <= prev.revision {
+			return c.refuse(b, prev)
+		}
+		net := make(netChanges)
+		for _, ev := range b.Events {
+			k, in, ok := keyOf(ev)
+			if !ok {
+				c.invalid.Add(1)
+				continue
+			}
+			net.set(k, in)
+		}
+		next, d = build(prev, b.Revision, net, false, true)
+	}
+	c.cur.Store(next)
+	c.applied.Add(1)
+	return d, nil
+}
+
+func (c *Cache) refuse(b Batch, prev *Snapshot) (Diff, error) {
+	c.stale.Add(1)
+	return Diff{}, fmt.Errorf("%w: batch at revision %d, cache at revision %d", ErrStale, b.Revision, prev.revision)
+}
+
+// load returns the current snapshot, never nil.
+func (c *Cache) load() *Snapshot {
+	if s := c.cur.Load(); s != nil {
+		return s
+	}
+	return emptySnapshot
+}
+
+// Snapshot returns the current view. It never changes: hold it to make
+// several reads at one revision.
+func (c *Cache) Snapshot() *Snapshot { return c.load() }
+
+// Revision returns the revision of the current view.
+func (c *Cache) Revision() int64 { return c.load().revision }
+
+// Instances returns service's instances in the current view, sorted by id,
+// nil if it has none. It takes no lock and allocates nothing: the slice is
+// shared with every reader, and callers must not modify it or its
+// instances.
+func (c *Cache) Instances(service string) []*registryv1.Instance {
+	return c.load().Instances(service)
+}
+
+// Get returns the instance service/id in the current view, and whether it
+// exists. The instance is shared and must not be modified.
+func (c *Cache) Get(service, id string) (*registryv1.Instance, bool) {
+	return c.load().Get(service, id)
+}
+
+// Services returns the names of the services with at least one instance in
+// the current view, sorted, in a fresh slice.
+func (c *Cache) Services() []string { return c.load().Services() }
+
+// Len returns the number of instances in the current view.
+func (c *Cache) Len() int { return c.load().n }
+
+// Stats returns the counters. Each is read atomically; the set is not one
+// consistent cut while an Apply runs.
+func (c *Cache) Stats() Stats {
+	return Stats{
+		Applied:   c.applied.Load(),
+		Stale:     c.stale.Load(),
+		Resets:    c.resets.Load(),
+		NewEpochs: c.newEpochs.Load(),
+		Invalid:   c.invalid.Load(),
+	}
+}

@@ -1,0 +1,382 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/regcluster/registry/cache"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// Change is what a subscription delivers, in revision order.
+type Change struct {
+	cache.Diff
+	// Snapshot is true when the subscription (re)started from a complete
+	// state; Instances then holds all of it. A consumer that folds diffs
+	// replaces its state with Instances.
+	Snapshot  bool
+	NewEpoch  bool
+	Instances []*registryv1.Instance
+	// Progress is true when nothing changed but the revision moved.
+	Progress bool
+}
+
+// SubscribeOptions tune a subscription.
+type SubscribeOptions struct {
+	// OnChange, if set, is called with every change in order, on the
+	// subscription's goroutine; it must not block for long.
+	OnChange func(Change)
+	// Changes, if > 0, makes Changes() a channel with this buffer. A reader
+	// that falls behind is not allowed to stall the subscription: changes
+	// that do not fit are dropped and the next one delivered is a Snapshot
+	// of the whole current state.
+	Changes int
+	// MinBackoff and MaxBackoff bound the wait between reconnects
+	// (defaults 50ms and 2s), jittered.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// Freshness says how current a subscription's view is.
+type Freshness struct {
+	// Known is false until the first snapshot: an unknown list, not an
+	// empty one.
+	Known bool
+	// Revision is the etcd revision the view is confirmed at.
+	Revision int64
+	// ConfirmedAt is when a regnode last confirmed Revision (an event,
+	// snapshot or progress message).
+	ConfirmedAt time.Time
+	// Connected is true while a Watch stream is open.
+	Connected bool
+}
+
+// Subscription follows the instances of one service (or all) through any
+// regnode of the client's list, in a local cache whose revision never goes
+// back: it resumes from its last revision after a disconnect, takes reset
+// snapshots, and refuses anything older than what it has shown.
+type Subscription struct {
+	c       *Client
+	service string
+	opts    SubscribeOptions
+	cache   *cache.Cache
+	ready   chan struct{}
+	changes chan Change
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	mu struct {
+		sync.Mutex
+		fresh     Freshness
+		listeners map[int]func(Change)
+		next      int
+		overflow  bool
+		lastErr   error
+		resets    int
+		reconnect int
+		stream    context.CancelFunc // cancels the current Watch stream
+	}
+}
+
+// resync ends the current stream; the subscription resumes at once from
+// its revision, on whichever regnode answers.
+func (s *Subscription) resync() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.stream != nil {
+		s.mu.stream()
+	}
+}
+
+// Subscribe starts following service ("" for every service) and returns at
+// once; Ready tells when the first snapshot is in. The subscription lives
+// until Close or until ctx ends.
+func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOptions) (*Subscription, error) {
+	if service != "" {
+		if err := record.ValidService(service); err != nil {
+			return nil, err
+		}
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 50 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 2 * time.Second
+	}
+	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}), done: make(chan struct{})}
+	s.mu.listeners = map[int]func(Change){}
+	if opts.OnChange != nil {
+		s.mu.listeners[0] = opts.OnChange
+		s.mu.next = 1
+	}
+	if opts.Changes > 0 {
+		s.changes = make(chan Change, opts.Changes)
+	}
+	ctx, s.cancel = context.WithCancel(ctx)
+	go s.run(ctx)
+	return s, nil
+}
+
+// Service is the service followed ("" for all).
+func (s *Subscription) Service() string { return s.service }
+
+// Ready is closed when the first snapshot has been applied.
+func (s *Subscription) Ready() <-chan struct{} { return s.ready }
+
+// WaitReady waits for the first snapshot or ctx.
+func (s *Subscription) WaitReady(ctx context.Context) error {
+	select {
+	case <-s.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the first snapshot of %q: %w (last error: %v)", s.service, ctx.Err(), s.LastError())
+	}
+}
+
+// Instances returns the instances of service in the local view, sorted by
+// id; lock- and allocation-free; the slice is shared and must not be
+// modified. For a subscription of one service, Instances(Service()).
+func (s *Subscription) Instances(service string) []*registryv1.Instance {
+	return s.cache.Instances(service)
+}
+
+// Snapshot is the whole local view at one revision.
+func (s *Subscription) Snapshot() *cache.Snapshot { return s.cache.Snapshot() }
+
+// Revision is the revision of the local view; it never decreases (except
+// across a NewEpoch change, when etcd itself was restored).
+func (s *Subscription) Revision() int64 { return s.cache.Revision() }
+
+// Freshness says whether the view is known and when it was last confirmed.
+func (s *Subscription) Freshness() Freshness {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.fresh
+}
+
+// LastError is the last stream failure, nil while connected.
+func (s *Subscription) LastError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.lastErr
+}
+
+// Changes is the channel of changes (nil unless SubscribeOptions.Changes).
+// It is never closed; stop reading after Close.
+func (s *Subscription) Changes() <-chan Change { return s.changes }
+
+// Stats counts what the subscription went through.
+type Stats struct {
+	Resets, Reconnects int
+	Cache              cache.Stats
+}
+
+// Stats returns the subscription's counters.
+func (s *Subscription) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Stats{Resets: s.mu.resets, Reconnects: s.mu.reconnect, Cache: s.cache.Stats()}
+}
+
+// listen adds a listener of changes (called on the subscription's
+// goroutine); the returned func removes it.
+func (s *Subscription) listen(f func(Change)) func() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := s.mu.next
+	s.mu.next++
+	s.mu.listeners[id] = f
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.mu.listeners, id)
+	}
+}
+
+// Close stops the subscription and waits for its goroutine.
+func (s *Subscription) Close() {
+	s.cancel()
+	<-s.done
+}
+
+// Done is closed when the subscription has stopped.
+func (s *Subscription) Done() <-chan struct{} { return s.done }
+
+func (s *Subscription) run(ctx context.Context) {
+	defer close(s.done)
+	for attempt := 0; ; attempt++ {
+		err := s.stream(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		s.mu.Lock()
+		s.mu.lastErr, s.mu.fresh.Connected = err, false
+		s.mu.reconnect++
+		s.mu.Unlock()
+		if err == nil {
+			attempt = 0
+		}
+		s.c.log.Debug("subscription stream ended; resuming", "service", s.service, "revision", s.cache.Revision(), "err", err)
+		d := s.opts.MinBackoff << min(attempt, 16)
+		if d > s.opts.MaxBackoff || d <= 0 {
+			d = s.opts.MaxBackoff
+		}
+		t := time.NewTimer(d/2 + rand.N(d/2+1))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+var errStaleStream = errors.New("regnode sent a revision older than this subscription's view")
+
+// stream follows one Watch stream until it breaks; nil means it made
+// progress before breaking (so the retry starts with a short wait).
+func (s *Subscription) stream(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.mu.Lock()
+	s.mu.stream = cancel
+	s.mu.Unlock()
+	from := s.cache.Revision()
+	ws, err := s.c.api.Watch(sctx, &registryv1.WatchRequest{Service: s.service, FromRevision: from})
+	if err != nil {
+		return err
+	}
+	var (
+		chunks  []*registryv1.Instance
+		gotSome bool
+	)
+	for {
+		resp, err := ws.Recv()
+		if err != nil {
+			if status.Code(err) == codes.InvalidArgument {
+				s.c.log.Error("subscription refused", "service", s.service, "err", err)
+			}
+			if gotSome {
+				s.mu.Lock()
+				s.mu.lastErr = err
+				s.mu.Unlock()
+				return nil
+			}
+			return err
+		}
+		if !gotSome {
+			s.mu.Lock()
+			s.mu.fresh.Connected, s.mu.lastErr = true, nil
+			s.mu.Unlock()
+		}
+		gotSome = true
+		var b cache.Batch
+		switch k := resp.Kind.(type) {
+		case *registryv1.WatchResponse_Snapshot:
+			chunks = append(chunks, k.Snapshot.Instances...)
+			if k.Snapshot.More {
+				continue
+			}
+			b = cache.Batch{Revision: resp.Revision, Snapshot: true, Reset: k.Snapshot.Reset_, NewEpoch: k.Snapshot.NewEpoch, Instances: chunks}
+			chunks = nil
+		case *registryv1.WatchResponse_Events:
+			b = cache.Batch{Revision: resp.Revision, Events: make([]cache.Event, 0, len(k.Events.Events))}
+			for _, e := range k.Events.Events {
+				if e.Type == registryv1.Event_TYPE_PUT {
+					if e.Instance == nil {
+						continue
+					}
+					b.Events = append(b.Events, cache.Event{Type: cache.Put, Service: e.Instance.Service, ID: e.Instance.Id, Instance: e.Instance})
+				} else {
+					b.Events = append(b.Events, cache.Event{Type: cache.Delete, Service: e.Service, ID: e.Id})
+				}
+			}
+		case *registryv1.WatchResponse_Progress:
+			b = cache.Batch{Revision: resp.Revision}
+		default:
+			continue
+		}
+		if err := s.apply(b); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *Subscription) apply(b cache.Batch) error {
+	diff, err := s.cache.Apply(b)
+	if err != nil {
+		if errors.Is(err, cache.ErrStale) && !b.Snapshot && len(b.Events) > 0 && b.Revision <= s.cache.Revision() {
+			// Duplicates of what we hold cannot hurt; anything else stale
+			// means this stream is not following us: drop it.
+			return nil
+		}
+		return fmt.Errorf("%w: %v", errStaleStream, err)
+	}
+	now := time.Now()
+	s.mu.Lock()
+	s.mu.fresh.Revision, s.mu.fresh.ConfirmedAt = s.cache.Revision(), now
+	if b.Snapshot {
+		s.mu.fresh.Known = true
+		if b.Reset {
+			s.mu.resets++
+		}
+	}
+	listeners := make([]func(Change), 0, len(s.mu.listeners))
+	for _, f := range s.mu.listeners {
+		listeners = append(listeners, f)
+	}
+	s.mu.Unlock()
+	if b.Snapshot {
+		select {
+		case <-s.ready:
+		default:
+			close(s.ready)
+		}
+	}
+	ch := Change{Diff: diff, Snapshot: b.Snapshot, NewEpoch: b.NewEpoch, Progress: !b.Snapshot && diff.Empty()}
+	if b.Snapshot {
+		ch.Instances = s.snapshotInstances()
+	}
+	for _, f := range listeners {
+		f(ch)
+	}
+	s.offer(ch)
+	return nil
+}
+
+func (s *Subscription) snapshotInstances() []*registryv1.Instance {
+	if s.service != "" {
+		return s.cache.Instances(s.service)
+	}
+	return s.cache.Snapshot().All()
+}
+
+// offer puts ch on the Changes channel without ever blocking; after an
+// overflow the next change delivered is a snapshot of the current state.
+func (s *Subscription) offer(ch Change) {
+	if s.changes == nil {
+		return
+	}
+	s.mu.Lock()
+	overflow := s.mu.overflow
+	s.mu.Unlock()
+	if overflow {
+		ch = Change{Diff: cache.Diff{Revision: s.cache.Revision(), Reset: true}, Snapshot: true, Instances: s.snapshotInstances()}
+	}
+	select {
+	case s.changes <- ch:
+		overflow = false
+	default:
+		overflow = true
+	}
+	s.mu.Lock()
+	s.mu.overflow = overflow
+	s.mu.Unlock()
+}

@@ -1,0 +1,374 @@
+// Package watch follows the registry's instances in etcd the way
+// Kubernetes' reflector follows a resource: list at one revision R (every
+// page read at R), deliver that snapshot, watch from R+1, and deliver each
+// etcd transaction as one batch, in revision order.
+//
+// It never stops on its own and never goes back in time. A broken stream is
+// resumed from the last delivered revision + 1, with backoff and jitter. A
+// compacted revision leads to a fresh list, delivered as a reset snapshot.
+// If etcd's cluster id changes, or its revision is found lower than one
+// already delivered (etcd restored from a backup), a snapshot flagged
+// NewEpoch is delivered and the change is logged at error level: that is
+// the one case where the revision may go down. Idle watchers ask etcd for
+// progress so their revision keeps moving; watches require a leader, so a
+// partitioned member cannot silently starve them.
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/regcluster/registry/cache"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// Config configures a Watcher. Zero fields take the defaults on each.
+type Config struct {
+	// Client is the etcd client (required); the Watcher does not close it.
+	Client *clientv3.Client
+	// Prefix is the registry key prefix (default record.DefaultPrefix);
+	// the Watcher follows <Prefix>instances/.
+	Prefix string
+	// Service, if set, narrows the watch to one service.
+	Service string
+	// PageSize bounds each range read of a list (default 1000).
+	PageSize int64
+	// MinBackoff and MaxBackoff bound the wait before a retry (defaults
+	// 100ms and 5s); each wait is jittered.
+	MinBackoff, MaxBackoff time.Duration
+	// ProgressInterval: with no response for this long, the Watcher asks
+	// etcd for a progress notification (default 1s).
+	ProgressInterval time.Duration
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// OnJunk is called for every record that is not a valid instance.
+	OnJunk func(key string, err error)
+	// OnRestart is called each time the watch is re-established, with the
+	// reason: "error", "compacted", "new-epoch", "closed".
+	OnRestart func(reason string, err error)
+}
+
+// Watcher follows the instances under a prefix. Run it once.
+type Watcher struct {
+	cfg    Config
+	keys   record.Keys
+	prefix string
+	log    *slog.Logger
+
+	rev       int64  // last delivered revision
+	clusterID uint64 // cluster the last delivery came from
+}
+
+// New returns a Watcher; it fails only on a missing client or bad service.
+func New(cfg Config) (*Watcher, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("watch: Config.Client is required")
+	}
+	keys := record.NewKeys(cfg.Prefix)
+	prefix := keys.Instances()
+	if cfg.Service != "" {
+		if err := record.ValidService(cfg.Service); err != nil {
+			return nil, err
+		}
+		prefix = keys.Service(cfg.Service)
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = 1000
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 100 * time.Millisecond
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 5 * time.Second
+	}
+	if cfg.ProgressInterval <= 0 {
+		cfg.ProgressInterval = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Watcher{cfg: cfg, keys: keys, prefix: prefix, log: cfg.Logger.With("watch", prefix)}, nil
+}
+
+// Deliver receives batches in revision order, from Run's goroutine. An
+// error it returns stops Run.
+type Deliver func(cache.Batch) error
+
+// errStop wraps an error returned by Deliver, so Run can tell it apart.
+type errStop struct{ err error }
+
+func (e errStop) Error() string { return e.err.Error() }
+
+// Run lists, delivers the snapshot, then watches and delivers every change
+// until ctx ends (it returns ctx.Err()) or deliver fails (it returns that
+// error). Every etcd failure is retried.
+func (w *Watcher) Run(ctx context.Context, deliver Deliver) error {
+	needList := true
+	for attempt := 0; ; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var err error
+		if needList {
+			err = w.list(ctx, deliver)
+			if err == nil {
+				needList = false
+			}
+		} else {
+			needList, err = w.watch(ctx, deliver)
+		}
+		var stop errStop
+		if errors.As(err, &stop) {
+			return stop.err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err == nil {
+			attempt = 0
+			continue
+		}
+		reason := "error"
+		if needList {
+			reason = "relist"
+		}
+		w.log.Warn("etcd watch interrupted; retrying", "reason", reason, "revision", w.rev, "err", err)
+		if w.cfg.OnRestart != nil {
+			w.cfg.OnRestart(reason, err)
+		}
+		if !sleep(ctx, w.backoff(attempt)) {
+			return ctx.Err()
+		}
+		attempt++
+	}
+}
+
+func (w *Watcher) backoff(attempt int) time.Duration {
+	d := w.cfg.MinBackoff << min(attempt, 16)
+	if d > w.cfg.MaxBackoff || d <= 0 {
+		d = w.cfg.MaxBackoff
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// list reads the whole prefix at one revision and delivers it as a
+// snapshot (a reset if anything was delivered before).
+func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
+	var (
+		insts []*registryv1.Instance
+		rev   int64
+		cid   uint64
+		from  = w.prefix
+		end   = clientv3.GetPrefixRangeEnd(w.prefix)
+	)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), from, opts...)
+		if err != nil {
+			return fmt.Errorf("list %s at revision %d: %w", w.prefix, rev, err)
+		}
+		if rev == 0 {
+			rev, cid = resp.Header.Revision, resp.Header.ClusterId
+		}
+		for _, kv := range resp.Kvs {
+			if in := w.decode(kv); in != nil {
+				insts = append(insts, in)
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	b := cache.Batch{Revision: rev, Snapshot: true, Reset: w.rev != 0, Instances: insts}
+	if w.rev != 0 {
+		b.NewEpoch = w.epochChanged(cid, rev)
+	}
+	if err := deliver(b); err != nil {
+		return errStop{err}
+	}
+	w.rev, w.clusterID = rev, cid
+	return nil
+}
+
+// epochChanged reports (loudly) an etcd that is not the one we followed:
+// another cluster, or the same one restored to an older revision.
+func (w *Watcher) epochChanged(cid uint64, rev int64) bool {
+	switch {
+	case w.clusterID != 0 && cid != w.clusterID:
+		w.log.Error("etcd cluster id changed: starting a new epoch, the revision may go down",
+			"old_cluster", fmt.Sprintf("%x", w.clusterID), "new_cluster", fmt.Sprintf("%x", cid), "revision", rev)
+		return true
+	case rev < w.rev:
+		w.log.Error("etcd revision went down (restored from a backup?): starting a new epoch",
+			"delivered", w.rev, "etcd", rev)
+		return true
+	}
+	return false
+}
+
+func (w *Watcher) decode(kv *mvccpb.KeyValue) *registryv1.Instance {
+	in, err := w.keys.Decode(string(kv.Key), kv.Value, kv.CreateRevision, kv.ModRevision)
+	if err != nil {
+		w.log.Warn("skipping junk record", "key", string(kv.Key), "err", err)
+		if w.cfg.OnJunk != nil {
+			w.cfg.OnJunk(string(kv.Key), err)
+		}
+		return nil
+	}
+	return in
+}
+
+var errEpoch = errors.New("etcd epoch changed")
+
+// watch follows changes from w.rev+1 until the stream breaks. relist is
+// true when only a fresh list can continue (compaction, new epoch).
+func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	// Before resuming, check that this is still the etcd we followed: a
+	// restored etcd would otherwise let a watch from w.rev+1 wait forever.
+	if relist, err := w.checkEpoch(wctx); err != nil {
+		return relist, err
+	}
+	wch := w.cfg.Client.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.rev+1),
+		clientv3.WithProgressNotify())
+	idle := time.NewTimer(w.cfg.ProgressInterval)
+	defer idle.Stop()
+	for {
+		select {
+		case <-idle.C:
+			// A quiet stream may be a quiet registry, or an etcd restored
+			// behind our back: etcd's client resumes a broken watch by
+			// itself, and a watch of a revision the restored etcd has not
+			// reached yet is silent (no events, no progress) forever.
+			if relist, err := w.checkEpoch(wctx); err != nil {
+				return relist, err
+			}
+			// etcd answers only once the watcher is synced; harmless if not.
+			if err := w.cfg.Client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
+				return false, fmt.Errorf("request progress: %w", err)
+			}
+			idle.Reset(w.cfg.ProgressInterval)
+			continue
+		case resp, ok := <-wch:
+			if !ok {
+				if ctx.Err() != nil {
+					return false, ctx.Err()
+				}
+				return false, errors.New("watch channel closed")
+			}
+			idle.Reset(w.cfg.ProgressInterval)
+			if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
+				return true, fmt.Errorf("revision %d compacted (etcd compacted to %d)", w.rev+1, resp.CompactRevision)
+			}
+			if err := resp.Err(); err != nil {
+				return false, err
+			}
+			if resp.Canceled {
+				return false, fmt.Errorf("watch canceled by etcd: %s", resp.CancelReason)
+			}
+			if resp.Header.ClusterId != 0 && resp.Header.ClusterId != w.clusterID {
+				return true, fmt.Errorf("%w: watch answered by cluster %x", errEpoch, resp.Header.ClusterId)
+			}
+			if resp.Created {
+				continue
+			}
+			if resp.IsProgressNotify() {
+				if resp.Header.Revision < w.rev {
+					return true, fmt.Errorf("%w: progress at %d below delivered %d", errEpoch, resp.Header.Revision, w.rev)
+				}
+				if resp.Header.Revision > w.rev {
+					if err := deliver(cache.Batch{Revision: resp.Header.Revision}); err != nil {
+						return false, errStop{err}
+					}
+					w.rev = resp.Header.Revision
+				}
+				continue
+			}
+			if err := w.deliverEvents(resp.Events, deliver); err != nil {
+				return false, err
+			}
+		}
+	}
+}
+
+// checkEpoch reads etcd's header (one linearizable read of one key) and
+// reports relist=true if it is another cluster, or the same one at a
+// revision below what was delivered.
+func (w *Watcher) checkEpoch(ctx context.Context) (relist bool, err error) {
+	head, err := w.cfg.Client.Get(ctx, w.prefix+"\x00epoch-check")
+	if err != nil {
+		return false, fmt.Errorf("check etcd: %w", err)
+	}
+	if head.Header.ClusterId != w.clusterID || head.Header.Revision < w.rev {
+		return true, fmt.Errorf("%w: cluster %x at revision %d, delivered %x at %d", errEpoch,
+			head.Header.ClusterId, head.Header.Revision, w.clusterID, w.rev)
+	}
+	return false, nil
+}
+
+// deliverEvents delivers events grouped by revision: one etcd transaction,
+// one batch.
+func (w *Watcher) deliverEvents(evs []*clientv3.Event, deliver Deliver) error {
+	for i := 0; i < len(evs); {
+		rev := evs[i].Kv.ModRevision
+		var batch []cache.Event
+		for ; i < len(evs) && evs[i].Kv.ModRevision == rev; i++ {
+			ev := evs[i]
+			key := string(ev.Kv.Key)
+			service, id, ok := w.keys.Parse(key)
+			if ev.Type == clientv3.EventTypeDelete {
+				if ok {
+					batch = append(batch, cache.Event{Type: cache.Delete, Service: service, ID: id})
+				}
+				continue
+			}
+			in := w.decode(ev.Kv)
+			if in == nil {
+				// Junk replaced a valid record: to readers the instance is
+				// gone, exactly as List would show it.
+				if ok {
+					batch = append(batch, cache.Event{Type: cache.Delete, Service: service, ID: id})
+				}
+				continue
+			}
+			batch = append(batch, cache.Event{Type: cache.Put, Service: in.Service, ID: in.Id, Instance: in})
+		}
+		if rev <= w.rev {
+			continue // already delivered (a resumed stream may repeat)
+		}
+		if err := deliver(cache.Batch{Revision: rev, Events: batch}); err != nil {
+			return errStop{err}
+		}
+		w.rev = rev
+	}
+	return nil
+}
+
+// Revision is the last revision delivered. It is only meaningful from the
+// Deliver callback or after Run returns.
+func (w *Watcher) Revision() int64 { return w.rev }
