@@ -54,8 +54,11 @@ func follow(t *testing.T, cli *clientv3.Client, service string) *follower {
 	f := &follower{c: cache.New(), done: make(chan error, 1)}
 	w, err := watch.New(watch.Config{Client: cli, Service: service, PageSize: 7, MinBackoff: 20 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond, ProgressInterval: 200 * time.Millisecond,
-		OnJunk:    func(string, error) { f.junk.Add(1) },
-		OnRestart: func(reason string, _ error) { v, _ := f.restart.LoadOrStore(reason, new(atomic.Int64)); v.(*atomic.Int64).Add(1) },
+		OnJunk: func(string, error) { f.junk.Add(1) },
+		OnRestart: func(reason string, _ error) {
+			v, _ := f.restart.LoadOrStore(reason, new(atomic.Int64))
+			v.(*atomic.Int64).Add(1)
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

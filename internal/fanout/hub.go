@@ -54,7 +54,7 @@ type Config struct {
 	// Hooks for metrics; any may be nil.
 	OnJunk         func(key string, err error)
 	OnWatchRestart func(reason string, err error)
-	OnReset        func(reason string) // a reset snapshot sent to a subscriber
+	OnReset        func(reason string) // a subscriber is due a reset snapshot
 	OnStale        func()              // a batch the cache refused
 	OnSubscribers  func(n int)         // the number of subscribers changed
 }

@@ -21,7 +21,6 @@ type Sub struct {
 		sync.Mutex
 		queue     []Message
 		needReset bool
-		reason    string
 		newEpoch  bool
 		err       error
 	}
@@ -43,7 +42,8 @@ func (s *Sub) push(rev int64, evs []cache.Event) {
 		return
 	}
 	if len(q) >= s.h.cfg.QueueSize {
-		s.mu.queue, s.mu.needReset, s.mu.reason = nil, true, "slow-subscriber"
+		s.mu.queue, s.mu.needReset = nil, true
+		s.h.resetSent("slow-subscriber")
 		s.wake()
 		return
 	}
@@ -56,7 +56,10 @@ func (s *Sub) push(rev int64, evs []cache.Event) {
 func (s *Sub) reset(reason string, newEpoch bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.mu.queue, s.mu.needReset, s.mu.reason = nil, true, reason
+	if !s.mu.needReset {
+		s.h.resetSent(reason)
+	}
+	s.mu.queue, s.mu.needReset = nil, true
 	s.mu.newEpoch = s.mu.newEpoch || newEpoch
 	s.wake()
 }
@@ -93,14 +96,13 @@ func (s *Sub) Next(ctx context.Context) (Message, error) {
 			return Message{}, err
 		}
 		if s.mu.needReset {
-			reason, epoch := s.mu.reason, s.mu.newEpoch
+			epoch := s.mu.newEpoch
 			s.mu.needReset, s.mu.newEpoch, s.mu.queue = false, false, nil
 			s.mu.Unlock()
 			// Taken after clearing the flag: every transaction the hub
 			// applies from now on is either in this snapshot or queued
 			// after it (and skipped below if already in it).
 			m := s.h.snapshot(s.service, true, epoch)
-			s.h.resetSent(reason)
 			s.sent = m.Revision
 			return *m, nil
 		}

@@ -1,0 +1,434 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/regnodetest"
+	"github.com/regcluster/registry/node"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, etcdtest.LeakOptions()...) }
+
+var keys = record.NewKeys("")
+
+func newClient(t testing.TB, addrs ...string) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{Endpoints: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func put(t testing.TB, cli *clientv3.Client, service, id, version string) int64 {
+	t.Helper()
+	b, err := record.Encode(&registryv1.Instance{Service: service, Id: id, Address: "10.0.0.1:80", Version: version, Weight: 100,
+		Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := cli.Put(context.Background(), keys.Instance(service, id), string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Header.Revision
+}
+
+// churn makes n random puts, updates and deletes of service's instances
+// straight in etcd and returns the last revision.
+func churn(t testing.TB, cli *clientv3.Client, service string, n int, seed uint64) int64 {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	var last int64
+	for i := range n {
+		id := fmt.Sprint("i-", rng.IntN(60))
+		if rng.IntN(4) == 0 {
+			r, err := cli.Delete(context.Background(), keys.Instance(service, id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			last = r.Header.Revision
+		} else {
+			last = put(t, cli, service, id, fmt.Sprint(i))
+		}
+	}
+	return last
+}
+
+// recorder watches a subscription: every change's revision in order.
+type recorder struct {
+	mu    sync.Mutex
+	revs  []int64
+	snaps int
+	diffs int
+}
+
+func (r *recorder) on(ch client.Change) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.revs = append(r.revs, ch.Revision)
+	if ch.Snapshot {
+		r.snaps++
+	} else if !ch.Progress {
+		r.diffs++
+	}
+}
+
+func (r *recorder) assertMonotonic(t testing.TB) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := 1; i < len(r.revs); i++ {
+		if r.revs[i] < r.revs[i-1] {
+			t.Fatalf("the subscriber's revision went down: %d after %d", r.revs[i], r.revs[i-1])
+		}
+	}
+}
+
+// equalsEtcd reports whether the subscription's view of service is exactly
+// what etcd holds now.
+func equalsEtcd(t testing.TB, cli *clientv3.Client, s *client.Subscription, service string) bool {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), keys.Service(service), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Revision() < resp.Header.Revision {
+		return false
+	}
+	got := s.Instances(service)
+	if len(got) != len(resp.Kvs) {
+		return false
+	}
+	for i, kv := range resp.Kvs { // both sorted by id
+		if got[i].ModRevision != kv.ModRevision || keys.Instance(service, got[i].Id) != string(kv.Key) {
+			return false
+		}
+	}
+	return true
+}
+
+// A subscriber cut off from its regnode, and the regnode cut off from
+// etcd, while 1,000+ changes land and etcd compacts past both; healed, it
+// converges to exactly what etcd holds, its revision never having gone
+// down.
+func TestCutOffThroughCompactionConverges(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	etcdLink := etcdtest.NewProxy(t, m.ClientURL)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{etcdLink.URL()}, RingSize: 100}, m.ClientURL)
+	subLink := etcdtest.NewProxy(t, rn.Addr)
+	c := newClient(t, subLink.Addr())
+	churn(t, direct, "orders", 100, 1)
+	rec := &recorder{}
+	sub, err := c.Subscribe(context.Background(), "orders", client.SubscribeOptions{OnChange: rec.on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if f := sub.Freshness(); f.Known {
+		t.Fatal("known before the first snapshot")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sub.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+
+	subLink.Cut()
+	etcdLink.Cut()
+	last := churn(t, direct, "orders", 1200, 2)
+	if _, err := direct.Compact(context.Background(), last); err != nil {
+		t.Fatal(err)
+	}
+	before := sub.Revision()
+	etcdLink.Heal()
+	subLink.Heal()
+	waitFor(t, 20*time.Second, "convergence after compaction", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	rec.assertMonotonic(t)
+	if sub.Revision() <= before {
+		t.Fatalf("revision %d did not move past %d", sub.Revision(), before)
+	}
+	st := sub.Stats()
+	if st.Resets < 1 || st.Cache.Stale != 0 {
+		t.Fatalf("stats %+v: want a reset and no stale batch", st)
+	}
+	f := sub.Freshness()
+	if !f.Known || f.Revision != sub.Revision() || time.Since(f.ConfirmedAt) > 10*time.Second || !f.Connected {
+		t.Fatalf("freshness %+v", f)
+	}
+	if n := testutil.ToFloat64(rn.Node.Metrics().WatchRestarts.WithLabelValues("relist")); n < 1 {
+		t.Fatalf("regnode relisted %v times, want at least once", n)
+	}
+}
+
+// A short disconnect is served from the ring (the missed transactions, no
+// reset); a longer one, past the ring, gets a reset snapshot.
+func TestRingReplayAndReset(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, RingSize: 50}, m.ClientURL)
+	link := etcdtest.NewProxy(t, rn.Addr)
+	c := newClient(t, link.Addr())
+	churn(t, direct, "orders", 30, 3)
+	rec := &recorder{}
+	sub, err := c.Subscribe(context.Background(), "orders", client.SubscribeOptions{OnChange: rec.on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	waitFor(t, 10*time.Second, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	resets := func(reason string) float64 {
+		return testutil.ToFloat64(rn.Node.Metrics().ResetsSent.WithLabelValues(reason))
+	}
+
+	link.Cut()
+	churn(t, direct, "orders", 20, 4) // fits in the ring of 50
+	link.Heal()
+	waitFor(t, 10*time.Second, "ring replay", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	if sub.Stats().Resets != 0 || resets("ring") != 0 {
+		t.Fatalf("a replay within the ring caused a reset (subscriber %d, regnode %v)", sub.Stats().Resets, resets("ring"))
+	}
+	if sub.Stats().Reconnects < 1 {
+		t.Fatal("the subscription never reconnected: the cut did not cut")
+	}
+
+	link.Cut()
+	churn(t, direct, "orders", 200, 5) // overflows the ring
+	link.Heal()
+	waitFor(t, 10*time.Second, "reset", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	if sub.Stats().Resets != 1 || resets("ring") != 1 {
+		t.Fatalf("resets: subscriber %d, regnode %v; want 1 each", sub.Stats().Resets, resets("ring"))
+	}
+	rec.assertMonotonic(t)
+}
+
+// A subscriber moved from regnode A to a regnode B that lags behind A
+// waits for B to catch up and resumes without a rewind.
+func TestMoveToLaggingRegnode(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	a := regnodetest.StartExternal(t, m.ClientURL)
+	bLink := etcdtest.NewProxy(t, m.ClientURL)
+	b := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{bLink.URL()}}, m.ClientURL)
+	toA := etcdtest.NewProxy(t, a.Addr)
+	toB := etcdtest.NewProxy(t, b.Addr)
+	toB.Cut() // the subscriber starts on A
+	c := newClient(t, toA.Addr(), toB.Addr())
+	churn(t, direct, "orders", 20, 6)
+	rec := &recorder{}
+	sub, err := c.Subscribe(context.Background(), "", client.SubscribeOptions{OnChange: rec.on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	waitFor(t, 10*time.Second, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+
+	bLink.Pause() // B stops hearing from etcd
+	last := churn(t, direct, "orders", 50, 7)
+	waitFor(t, 10*time.Second, "A's view", func() bool { return sub.Revision() >= last })
+	if b.Node.Hub().Revision() >= last {
+		t.Fatal("B did not lag")
+	}
+	// Move: A goes away, B comes into reach; B is behind the subscriber.
+	toA.Cut()
+	toB.Heal()
+	time.Sleep(500 * time.Millisecond) // the subscriber is now waiting on B
+	if sub.Revision() < last {
+		t.Fatal("rewound while B lagged")
+	}
+	bLink.Resume()
+	last = churn(t, direct, "orders", 30, 8)
+	waitFor(t, 15*time.Second, "B's view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	rec.assertMonotonic(t)
+	if sub.Stats().Resets != 0 {
+		t.Fatalf("moving to B cost %d resets, want a replay", sub.Stats().Resets)
+	}
+	if b.Node.Hub().Subscribers() != 1 {
+		t.Fatalf("B serves %d subscribers, want 1", b.Node.Hub().Subscribers())
+	}
+}
+
+// A subscriber too slow to read is reset, and then correct; a fast one on
+// the same regnode is never reset and sees every transaction.
+func TestSlowSubscriberIsResetFastOneUnaffected(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, QueueSize: 8}, m.ClientURL)
+	fast := newClient(t, rn.Addr)
+	var (
+		mu   sync.Mutex
+		lat  []time.Duration
+		sent sync.Map // revision -> time written
+	)
+	frec := &recorder{}
+	fsub, err := fast.Subscribe(context.Background(), "orders", client.SubscribeOptions{OnChange: func(ch client.Change) {
+		frec.on(ch)
+		if v, ok := sent.Load(ch.Revision); ok && !ch.Progress {
+			mu.Lock()
+			lat = append(lat, time.Since(v.(time.Time)))
+			mu.Unlock()
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsub.Close()
+	waitFor(t, 10*time.Second, "fast ready", func() bool { return fsub.Freshness().Known })
+
+	// The slow subscriber: a raw stream that is not read while the
+	// registry churns, so gRPC flow control backs up into its queue.
+	// Fixed 64 KiB windows (no BDP growth), so the regnode's sends block
+	// soon after the reader stops reading.
+	cc, err := grpc.NewClient(rn.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	slow, err := registryv1.NewRegistryClient(cc).Watch(ctx, &registryv1.WatchRequest{Service: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := slow.Recv()
+	if err != nil || first.GetSnapshot() == nil {
+		t.Fatalf("slow first message %v, %v", first, err)
+	}
+	big := make(map[string]string)
+	for i := range 40 {
+		big[fmt.Sprint("k", i)] = fmt.Sprintf("%0350d", i) // ~14 KiB per record (limit 16): windows fill fast
+	}
+	var last int64
+	for i := range 300 {
+		b, _ := record.Encode(&registryv1.Instance{Service: "orders", Id: fmt.Sprint("i-", i%20), Address: "10.0.0.1:80", Weight: 100,
+			Version: fmt.Sprint(i), Metadata: big, Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING})
+		t0 := time.Now()
+		r, err := direct.Put(context.Background(), keys.Instance("orders", fmt.Sprint("i-", i%20)), string(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent.Store(r.Header.Revision, t0)
+		last = r.Header.Revision
+	}
+	waitFor(t, 10*time.Second, "fast subscriber", func() bool { return fsub.Revision() >= last })
+	waitFor(t, 10*time.Second, "the slow reset", func() bool {
+		return testutil.ToFloat64(rn.Node.Metrics().ResetsSent.WithLabelValues("slow-subscriber")) >= 1
+	})
+	// Now read the slow stream: it must come to a reset snapshot and end
+	// up exactly at etcd's state.
+	view := map[string]int64{}
+	var rev int64
+	sawReset := false
+	for rev < last || !sawReset {
+		resp, err := slow.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Revision < rev {
+			t.Fatalf("slow stream went back: %d after %d", resp.Revision, rev)
+		}
+		rev = resp.Revision
+		switch k := resp.Kind.(type) {
+		case *registryv1.WatchResponse_Snapshot:
+			if k.Snapshot.Reset_ {
+				sawReset = true
+			}
+			clear(view)
+			for _, in := range k.Snapshot.Instances {
+				view[in.Id] = in.ModRevision
+			}
+		case *registryv1.WatchResponse_Events:
+			for _, e := range k.Events.Events {
+				if e.Type == registryv1.Event_TYPE_PUT {
+					view[e.Instance.Id] = e.Instance.ModRevision
+				} else {
+					delete(view, e.Id)
+				}
+			}
+		}
+	}
+	resp, _ := direct.Get(context.Background(), keys.Service("orders"), clientv3.WithPrefix())
+	if len(view) != len(resp.Kvs) {
+		t.Fatalf("slow view has %d instances, etcd %d", len(view), len(resp.Kvs))
+	}
+	for _, kv := range resp.Kvs {
+		_, id, _ := keys.Parse(string(kv.Key))
+		if view[id] != kv.ModRevision {
+			t.Fatalf("slow view of %s at %d, etcd at %d", id, view[id], kv.ModRevision)
+		}
+	}
+	if fsub.Stats().Resets != 0 {
+		t.Fatalf("the fast subscriber was reset %d times", fsub.Stats().Resets)
+	}
+	frec.mu.Lock()
+	diffs := frec.diffs
+	frec.mu.Unlock()
+	if diffs != 300 {
+		t.Fatalf("the fast subscriber saw %d transactions, want all 300", diffs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var sum, worst time.Duration
+	for _, l := range lat {
+		sum += l
+		worst = max(worst, l)
+	}
+	t.Logf("fast subscriber: %d changes, mean latency %s, max %s, while the slow one was reset", len(lat), sum/time.Duration(max(1, len(lat))), worst)
+	frec.assertMonotonic(t)
+}
+
+// An empty service is a known, empty list; before the first snapshot the
+// list is unknown.
+func TestEmptyIsNotUnknown(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c := newClient(t, rn.Addr)
+	sub, err := c.Subscribe(context.Background(), "nobody", client.SubscribeOptions{Changes: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	select {
+	case ch := <-sub.Changes():
+		if !ch.Snapshot || len(ch.Instances) != 0 {
+			t.Fatalf("first change %+v", ch)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no first snapshot")
+	}
+	if f := sub.Freshness(); !f.Known || f.Revision == 0 {
+		t.Fatalf("freshness %+v", f)
+	}
+	if _, err := c.Subscribe(context.Background(), "Bad_Name", client.SubscribeOptions{}); err == nil {
+		t.Fatal("bad service name accepted")
+	}
+}
