@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -27,6 +26,7 @@ import (
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
+	"github.com/regcluster/registry/internal/zapslog"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/server"
@@ -192,7 +192,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.cfg = cfg
 	if n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second,
-		Logger: zapLogger(zap.WarnLevel), Context: context.Background()}); err != nil {
+		Logger: zapslog.New(n.log, "warn", nil), Context: context.Background()}); err != nil {
 		return nil, fmt.Errorf("etcd client of %v: %w", endpoints, err)
 	}
 	// Fail now, not on the first call, if etcd is not reachable.

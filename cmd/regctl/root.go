@@ -77,7 +77,8 @@ func newRootCmd(o *options) *cobra.Command {
 		Long: `regctl operates an etcd-backed service registry through its regnodes.
 
 It lists services and instances, registers an instance from the shell,
-drains, undrains and deregisters instances, and shows cluster status.
+drains, undrains and deregisters instances, follows their changes, and
+shows cluster status.
 Endpoints come from --endpoints, else $REGCTL_ENDPOINTS, else 127.0.0.1:7400.
 
 Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
@@ -127,6 +128,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		newUndrainCmd(o),
 		newDeregisterCmd(o),
 		newStatusCmd(o),
+		newWatchCmd(o),
 	)
 	return root
 }

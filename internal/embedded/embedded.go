@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/regcluster/registry/internal/zapslog"
 )
 
 // Config describes the member. Zero fields take DefaultConfig's values.
@@ -146,7 +148,7 @@ func Start(ctx context.Context, c Config) (*Member, error) {
 	cfg.Metrics = "basic"
 	closing := &atomic.Bool{}
 	if c.Logger != nil {
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(c.Logger, c.LogLevel, closing))
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapslog.New(c.Logger, c.LogLevel, closing))
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("embedded etcd %s: %w", c.Name, err)

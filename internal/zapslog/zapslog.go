@@ -1,4 +1,7 @@
-package embedded
+// Package zapslog carries the zap logs of etcd's server and client into a
+// regnode's slog logger, so a regnode writes one log format, with etcd's
+// known noise turned down.
+package zapslog
 
 import (
 	"context"
@@ -10,10 +13,9 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// slogCore carries etcd's zap logs into the regnode's slog logger, so a
-// regnode writes one log format. It drops the errors etcd logs about its own
-// listeners while it is being closed: they are the normal sound of a clean
-// shutdown, not failures (and they come with stack traces).
+// slogCore forwards zap entries to slog. It drops the errors etcd logs
+// about its own listeners while it is being closed: they are the normal
+// sound of a clean shutdown, not failures (and they come with stack traces).
 type slogCore struct {
 	log     *slog.Logger
 	level   zapcore.Level
@@ -21,7 +23,13 @@ type slogCore struct {
 	closing *atomic.Bool
 }
 
-func newZapLogger(log *slog.Logger, level string, closing *atomic.Bool) *zap.Logger {
+// New returns a zap logger writing to log at level ("debug".."error") and
+// above. While closing is true, etcd's listener-closed errors are dropped;
+// closing may be nil.
+func New(log *slog.Logger, level string, closing *atomic.Bool) *zap.Logger {
+	if closing == nil {
+		closing = &atomic.Bool{}
+	}
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		lvl = zapcore.WarnLevel
@@ -81,9 +89,11 @@ func attrs(fs []zapcore.Field) []slog.Attr {
 
 // benign are etcd's start-up warnings about choices regnode makes on
 // purpose for a single local member (one port for gRPC and HTTP, the name
-// "default", simple auth tokens with auth off): shown at debug only.
+// "default", simple auth tokens with auth off), and the client's report of
+// each failed attempt of a call whose error the caller gets and handles:
+// shown at debug only.
 func benign(msg string) bool {
-	for _, s := range []string{"single port", "default name", "simple token"} {
+	for _, s := range []string{"single port", "default name", "simple token", "retrying of unary invoker failed"} {
 		if strings.Contains(msg, s) {
 			return true
 		}
