@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,37 +37,13 @@ func TestMain(m *testing.M) {
 // through one is read through another, and Status lists all three.
 func TestThreeEmbeddedMembers(t *testing.T) {
 	names := []string{"n1", "n2", "n3"}
-	peers := map[string]string{}
-	clients := map[string]string{}
-	var initial []string
-	for _, n := range names {
-		peers[n] = fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
-		clients[n] = fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
-		initial = append(initial, n+"="+peers[n])
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	nodes := make([]*node.Node, len(names))
-	errs := make([]error, len(names))
-	var wg sync.WaitGroup
-	for i, n := range names {
-		wg.Add(1)
-		go func() { // members wait for each other: start them together
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			nodes[i], errs[i] = node.Start(ctx, node.Config{
-				Listen: "127.0.0.1:0", MetricsListen: "off", Name: n, Logger: quiet, ShutdownGrace: 200 * time.Millisecond,
-				Embed: embedded.Config{Name: n, Dir: t.TempDir(), ListenClientURLs: []string{clients[n]},
-					ListenPeerURLs: []string{peers[n]}, InitialCluster: strings.Join(initial, ","), UnsafeNoFsync: true},
-			})
-		}()
-	}
-	wg.Wait()
-	for i := range nodes {
-		if errs[i] != nil {
-			t.Fatalf("start %s: %v", names[i], errs[i])
+	var nodes []*node.Node
+	for attempt := 0; nodes == nil; attempt++ {
+		var err error
+		nodes, err = startCluster(t, names)
+		if err != nil && (!etcdtest.AddrInUse(err) || attempt == 4) {
+			t.Fatal(err)
 		}
-		t.Cleanup(func() { nodes[i].Close() })
 	}
 	conn := func(n *node.Node) *grpc.ClientConn {
 		cc, err := grpc.NewClient(n.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -133,4 +110,48 @@ func TestConfigValidate(t *testing.T) {
 	if err := def.Validate(); err != nil {
 		t.Fatalf("default config: %v", err)
 	}
+}
+
+// startCluster starts one regnode per name, each embedding one member of
+// the same etcd cluster, together (members wait for each other).
+func startCluster(t *testing.T, names []string) ([]*node.Node, error) {
+	peers := map[string]string{}
+	clients := map[string]string{}
+	var initial []string
+	for _, n := range names {
+		peers[n] = fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+		clients[n] = fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+		initial = append(initial, n+"="+peers[n])
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	nodes := make([]*node.Node, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			nodes[i], errs[i] = node.Start(ctx, node.Config{
+				Listen: "127.0.0.1:0", MetricsListen: "off", Name: n, Logger: quiet, ShutdownGrace: 200 * time.Millisecond,
+				Embed: embedded.Config{Name: n, Dir: t.TempDir(), ListenClientURLs: []string{clients[n]},
+					ListenPeerURLs: []string{peers[n]}, InitialCluster: strings.Join(initial, ","), UnsafeNoFsync: true,
+					ReadyTimeout: 20 * time.Second},
+			})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, n := range nodes {
+			if n != nil {
+				n.Close()
+			}
+		}
+		return nil, err
+	}
+	for _, n := range nodes {
+		t.Cleanup(func() { n.Close() })
+	}
+	return nodes, nil
 }

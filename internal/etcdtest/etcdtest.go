@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,25 +37,39 @@ type Member struct {
 }
 
 // Start runs a single-member cluster in a temporary directory; fsync is off
-// unless fsync is true.
+// unless fsync is true. Ports are picked at random; a port taken by another
+// test process between picking and binding is retried with new ones.
 func Start(t testing.TB, fsync bool) *Member {
 	t.Helper()
-	cu := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	pu := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	e, err := embedded.Start(ctx, embedded.Config{
-		Name: "test", Dir: t.TempDir(),
-		ListenClientURLs: []string{cu}, ListenPeerURLs: []string{pu},
-		UnsafeNoFsync: !fsync, LogLevel: "error",
-		ProgressNotifyInterval: 500 * time.Millisecond,
-		Logger:                 slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatalf("start etcd: %v", err)
+	var last error
+	for range 5 {
+		cu := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
+		pu := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		e, err := embedded.Start(ctx, embedded.Config{
+			Name: "test", Dir: t.TempDir(),
+			ListenClientURLs: []string{cu}, ListenPeerURLs: []string{pu},
+			UnsafeNoFsync: !fsync, LogLevel: "error",
+			ProgressNotifyInterval: 500 * time.Millisecond,
+			Logger:                 slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		cancel()
+		if err == nil {
+			t.Cleanup(e.Close)
+			return &Member{Etcd: e, ClientURL: cu, PeerURL: pu}
+		}
+		if !AddrInUse(err) {
+			t.Fatalf("start etcd: %v", err)
+		}
+		last = err
 	}
-	t.Cleanup(e.Close)
-	return &Member{Etcd: e, ClientURL: cu, PeerURL: pu}
+	t.Fatalf("start etcd: %v", last)
+	return nil
+}
+
+// AddrInUse reports a failure to bind a port someone else took.
+func AddrInUse(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "address already in use")
 }
 
 // Client returns a client of m that the test closes when it ends.

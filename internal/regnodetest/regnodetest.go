@@ -37,12 +37,20 @@ type Regnode struct {
 // Start runs a regnode that embeds a fresh single-member etcd.
 func Start(t testing.TB) *Regnode {
 	t.Helper()
-	cu := fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
-	pu := fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
-	return StartWith(t, node.Config{Embed: embedded.Config{
-		Name: "rn", Dir: t.TempDir(), ListenClientURLs: []string{cu}, ListenPeerURLs: []string{pu},
-		UnsafeNoFsync: true, LogLevel: "error", ProgressNotifyInterval: 500 * time.Millisecond,
-	}}, cu)
+	for attempt := 0; ; attempt++ {
+		cu := fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+		pu := fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+		rn, err := start(t, node.Config{Embed: embedded.Config{
+			Name: "rn", Dir: t.TempDir(), ListenClientURLs: []string{cu}, ListenPeerURLs: []string{pu},
+			UnsafeNoFsync: true, LogLevel: "error", ProgressNotifyInterval: 500 * time.Millisecond,
+		}}, cu)
+		if err == nil {
+			return rn
+		}
+		if !etcdtest.AddrInUse(err) || attempt == 4 {
+			t.Fatalf("start regnode: %v", err)
+		}
+	}
 }
 
 // StartExternal runs a regnode that is a client of the etcd at clientURL.
@@ -55,6 +63,14 @@ func StartExternal(t testing.TB, clientURL string) *Regnode {
 // unless cfg says otherwise); clientURL is its etcd's client URL.
 func StartWith(t testing.TB, cfg node.Config, clientURL string) *Regnode {
 	t.Helper()
+	rn, err := start(t, cfg, clientURL)
+	if err != nil {
+		t.Fatalf("start regnode: %v", err)
+	}
+	return rn
+}
+
+func start(t testing.TB, cfg node.Config, clientURL string) (*Regnode, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
@@ -71,7 +87,7 @@ func StartWith(t testing.TB, cfg node.Config, clientURL string) *Regnode {
 	defer cancel()
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
-		t.Fatalf("start regnode: %v", err)
+		return nil, err
 	}
 	t.Cleanup(func() {
 		if err := n.Close(); err != nil {
@@ -80,12 +96,12 @@ func StartWith(t testing.TB, cfg node.Config, clientURL string) *Regnode {
 	})
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL}, DialTimeout: 5 * time.Second, Logger: etcdtest.QuietLogger()})
 	if err != nil {
-		t.Fatalf("etcd client: %v", err)
+		return nil, fmt.Errorf("etcd client: %w", err)
 	}
 	t.Cleanup(func() { cli.Close() })
 	prefix := cfg.Prefix
 	if prefix == "" {
 		prefix = record.DefaultPrefix
 	}
-	return &Regnode{Node: n, Addr: n.Addr(), Etcd: cli, ClientURL: clientURL, Prefix: prefix}
+	return &Regnode{Node: n, Addr: n.Addr(), Etcd: cli, ClientURL: clientURL, Prefix: prefix}, nil
 }
