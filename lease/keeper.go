@@ -83,6 +83,11 @@ type Status struct {
 	Registered bool
 	// LeaseID is the current (or last) lease.
 	LeaseID int64
+	// TTL is the lease TTL the backend granted.
+	TTL time.Duration
+	// Closed is true once Close has deregistered the instance, so an
+	// OnChange callback can tell a graceful end from a lost lease.
+	Closed bool
 	// Since is when Registered last changed.
 	Since time.Time
 	// Registrations counts successful registrations, the first included.
@@ -138,7 +143,7 @@ func Start(ctx context.Context, b Backend, inst *registryv1.Instance, cfg Config
 			return nil, err
 		}
 		if !sleep(ctx, k.backoff(attempt)) {
-			return nil, fmt.Errorf("register %s/%s: %w (last error: %v)", in.Service, in.Id, ctx.Err(), err)
+			return nil, fmt.Errorf("register %s/%s: %w (last error: %w)", in.Service, in.Id, ctx.Err(), err)
 		}
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
@@ -191,7 +196,7 @@ func (k *Keeper) register(ctx context.Context) error {
 	}
 	k.log.Info("registered", "lease", fmt.Sprintf("%x", g.LeaseID), "revision", g.Revision)
 	k.setStatus(func(s *Status) {
-		s.Registered, s.LeaseID, s.LastError = true, g.LeaseID, nil
+		s.Registered, s.LeaseID, s.TTL, s.LastError = true, g.LeaseID, g.TTL, nil
 		s.Registrations++
 	})
 	return nil
@@ -351,7 +356,7 @@ func (k *Keeper) close(ctx context.Context) error {
 	if err := k.backend.Deregister(dctx, inst.Service, inst.Id, st.LeaseID); err != nil {
 		return fmt.Errorf("deregister %s/%s (its lease expires within %s anyway): %w", inst.Service, inst.Id, k.cfg.TTL, err)
 	}
-	k.setStatus(func(s *Status) { s.Registered = false })
+	k.setStatus(func(s *Status) { s.Registered, s.Closed = false, true })
 	k.log.Info("deregistered", "lease", fmt.Sprintf("%x", st.LeaseID))
 	return nil
 }

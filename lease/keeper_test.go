@@ -155,8 +155,8 @@ func TestCloseDrainsThenDeletes(t *testing.T) {
 	if ttl.TTL != -1 {
 		t.Fatal("lease not revoked on close")
 	}
-	if k.Registered() {
-		t.Fatal("closed keeper claims to be registered")
+	if st := k.Status(); st.Registered || !st.Closed || st.TTL != 5*time.Second {
+		t.Fatalf("closed keeper status %+v", st)
 	}
 	if err := k.Drain(ctx, "x"); !errors.Is(err, lease.ErrClosed) {
 		t.Fatalf("drain after close: %v", err)
