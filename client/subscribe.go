@@ -16,7 +16,9 @@ import (
 	"github.com/regcluster/registry/record"
 )
 
-// Change is what a subscription delivers, in revision order.
+// Change is what a subscription delivers, in revision order. Its Reset is
+// true only for a snapshot that replaced a view already shown (not for the
+// first one).
 type Change struct {
 	cache.Diff
 	// Snapshot is true when the subscription (re)started from a complete
@@ -341,6 +343,7 @@ func (s *Subscription) apply(b cache.Batch) error {
 		}
 	}
 	ch := Change{Diff: diff, Snapshot: b.Snapshot, NewEpoch: b.NewEpoch, Progress: !b.Snapshot && diff.Empty()}
+	ch.Reset = b.Reset // the regnode's flag: a snapshot that replaced a view already shown
 	if b.Snapshot {
 		ch.Instances = s.snapshotInstances()
 	}

@@ -22,6 +22,10 @@ import (
 	"github.com/regcluster/registry/record"
 )
 
+// ErrGuard is returned by UpdateIf when its guard compares fail (for the
+// prober: its leadership fence no longer holds).
+var ErrGuard = errors.New("write guard failed")
+
 // ErrLeaseLost means the lease no longer exists in etcd (expired, revoked,
 // or etcd was restored without it): the registration must be made again.
 var ErrLeaseLost = errors.New("lease lost")
@@ -212,6 +216,13 @@ func (s *Store) KeepAlive(ctx context.Context, leaseID int64) (time.Duration, er
 // an update. fn may return an error to abort; a missing or junk record
 // returns an error wrapping record.ErrNotFound.
 func (s *Store) Update(ctx context.Context, service, id string, fn func(*registryv1.Instance) error) (*registryv1.Instance, int64, error) {
+	return s.UpdateIf(ctx, service, id, nil, fn)
+}
+
+// UpdateIf is Update with a guard: the write also requires every compare of
+// guard (the prober's fence). When the guard fails the write does not land
+// and UpdateIf returns an error wrapping ErrGuard, at once.
+func (s *Store) UpdateIf(ctx context.Context, service, id string, guard []clientv3.Cmp, fn func(*registryv1.Instance) error) (*registryv1.Instance, int64, error) {
 	if err := record.ValidService(service); err != nil {
 		return nil, 0, err
 	}
@@ -238,8 +249,8 @@ func (s *Store) Update(ctx context.Context, service, id string, fn func(*registr
 		if err != nil {
 			return nil, 0, err
 		}
-		resp, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
+		cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)}, guard...)
+		resp, err := s.cli.Txn(ctx).If(cmps...).
 			Then(clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease())).
 			Commit()
 		if err != nil {
@@ -248,6 +259,17 @@ func (s *Store) Update(ctx context.Context, service, id string, fn func(*registr
 		if resp.Succeeded {
 			next.ModRevision = resp.Header.Revision
 			return next, resp.Header.Revision, nil
+		}
+		if len(guard) > 0 {
+			// Which compare failed: the guard ends the update, a
+			// concurrent write only retries it.
+			g, err := s.cli.Txn(ctx).If(guard...).Commit()
+			if err != nil {
+				return nil, 0, fmt.Errorf("update %s: check guard: %w", key, err)
+			}
+			if !g.Succeeded {
+				return nil, 0, fmt.Errorf("update %s: %w", key, ErrGuard)
+			}
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, 0, fmt.Errorf("update %s: %w", key, err)

@@ -301,12 +301,12 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 				if resp.Header.Revision < w.rev {
 					return true, fmt.Errorf("%w: progress at %d below delivered %d", errEpoch, resp.Header.Revision, w.rev)
 				}
-				if resp.Header.Revision > w.rev {
-					if err := deliver(cache.Batch{Revision: resp.Header.Revision}); err != nil {
-						return false, errStop{err}
-					}
-					w.rev = resp.Header.Revision
+				// Delivered even when the revision did not move: it
+				// confirms the view is current (a heartbeat).
+				if err := deliver(cache.Batch{Revision: resp.Header.Revision}); err != nil {
+					return false, errStop{err}
 				}
+				w.rev = resp.Header.Revision
 				continue
 			}
 			if err := w.deliverEvents(resp.Events, deliver); err != nil {

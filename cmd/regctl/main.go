@@ -1,7 +1,7 @@
 // Command regctl is the registry's operator CLI, in the style of kubectl and
 // etcdctl: it lists services and instances, registers an instance from the
-// shell, drains, undrains and deregisters instances, and shows the status of
-// the regnodes and their etcd cluster.
+// shell, drains, undrains and deregisters instances, follows their changes
+// (watch), and shows the status of the regnodes and their etcd cluster.
 //
 //	regctl [--endpoints host:port,...] [--timeout D] [-o table|wide|json] COMMAND
 //

@@ -110,7 +110,9 @@ func (s *Sub) Next(ctx context.Context) (Message, error) {
 			m := s.mu.queue[0]
 			s.mu.queue[0] = Message{}
 			s.mu.queue = s.mu.queue[1:]
-			if m.Revision <= s.sent {
+			// Skip what the last message already covered; a progress at
+			// the same revision still goes out: it confirms the view.
+			if m.Revision < s.sent || (m.Revision == s.sent && len(m.Events) > 0) {
 				continue
 			}
 			s.mu.Unlock()
