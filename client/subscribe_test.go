@@ -425,8 +425,17 @@ func TestEmptyIsNotUnknown(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no first snapshot")
 	}
-	if f := sub.Freshness(); !f.Known || f.Revision == 0 {
-		t.Fatalf("freshness %+v", f)
+	first := sub.Freshness()
+	if !first.Known || first.Revision == 0 {
+		t.Fatalf("freshness %+v", first)
+	}
+	// Nothing changes, yet the view keeps being confirmed: a quiet list,
+	// not a stale one.
+	waitFor(t, 10*time.Second, "a heartbeat confirming the idle view", func() bool {
+		return sub.Freshness().ConfirmedAt.After(first.ConfirmedAt)
+	})
+	if f := sub.Freshness(); f.Revision != first.Revision {
+		t.Fatalf("revision moved from %d to %d with no writes", first.Revision, f.Revision)
 	}
 	if _, err := c.Subscribe(context.Background(), "Bad_Name", client.SubscribeOptions{}); err == nil {
 		t.Fatal("bad service name accepted")
