@@ -251,7 +251,7 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 	defer cancel()
 	// Before resuming, check that this is still the etcd we followed: a
 	// restored etcd would otherwise let a watch from w.rev+1 wait forever.
-	if relist, err := w.checkEpoch(wctx); err != nil {
+	if _, relist, err := w.checkEpoch(wctx); err != nil {
 		return relist, err
 	}
 	wch := w.cfg.Client.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.rev+1),
@@ -265,8 +265,18 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 			// behind our back: etcd's client resumes a broken watch by
 			// itself, and a watch of a revision the restored etcd has not
 			// reached yet is silent (no events, no progress) forever.
-			if relist, err := w.checkEpoch(wctx); err != nil {
+			head, relist, err := w.checkEpoch(wctx)
+			if err != nil {
 				return relist, err
+			}
+			if head == w.rev {
+				// etcd is exactly where our view is (a linearizable read
+				// says so): confirm it. etcd itself sends no progress to a
+				// watch that starts past its revision, which is what an
+				// idle registry's watch is.
+				if err := deliver(cache.Batch{Revision: head}); err != nil {
+					return false, errStop{err}
+				}
 			}
 			// etcd answers only once the watcher is synced; harmless if not.
 			if err := w.cfg.Client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
@@ -317,18 +327,18 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 }
 
 // checkEpoch reads etcd's header (one linearizable read of one key) and
-// reports relist=true if it is another cluster, or the same one at a
-// revision below what was delivered.
-func (w *Watcher) checkEpoch(ctx context.Context) (relist bool, err error) {
+// returns etcd's revision; relist is true if it is another cluster, or the
+// same one at a revision below what was delivered.
+func (w *Watcher) checkEpoch(ctx context.Context) (rev int64, relist bool, err error) {
 	head, err := w.cfg.Client.Get(ctx, w.prefix+"\x00epoch-check")
 	if err != nil {
-		return false, fmt.Errorf("check etcd: %w", err)
+		return 0, false, fmt.Errorf("check etcd: %w", err)
 	}
 	if head.Header.ClusterId != w.clusterID || head.Header.Revision < w.rev {
-		return true, fmt.Errorf("%w: cluster %x at revision %d, delivered %x at %d", errEpoch,
+		return 0, true, fmt.Errorf("%w: cluster %x at revision %d, delivered %x at %d", errEpoch,
 			head.Header.ClusterId, head.Header.Revision, w.clusterID, w.rev)
 	}
-	return false, nil
+	return head.Header.Revision, false, nil
 }
 
 // deliverEvents delivers events grouped by revision: one etcd transaction,
