@@ -282,7 +282,7 @@ func TestMoveToLaggingRegnode(t *testing.T) {
 func TestSlowSubscriberIsResetFastOneUnaffected(t *testing.T) {
 	m := etcdtest.Start(t, false)
 	direct := m.Client(t)
-	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, QueueSize: 8}, m.ClientURL)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, QueueSize: 64}, m.ClientURL)
 	fast := newClient(t, rn.Addr)
 	var (
 		mu   sync.Mutex
@@ -412,6 +412,12 @@ func TestSlowSubscriberIsResetFastOneUnaffected(t *testing.T) {
 func TestEmptyIsNotUnknown(t *testing.T) {
 	rn := regnodetest.Start(t)
 	c := newClient(t, rn.Addr)
+	// The regnode's prober election writes once; let it, so that nothing
+	// writes to etcd while the idle view is watched.
+	waitFor(t, 10*time.Second, "the prober election", func() bool {
+		st, err := c.API().Status(context.Background(), &registryv1.StatusRequest{})
+		return err == nil && st.Leader != ""
+	})
 	sub, err := c.Subscribe(context.Background(), "nobody", client.SubscribeOptions{Changes: 4})
 	if err != nil {
 		t.Fatal(err)

@@ -19,14 +19,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
+	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/regcluster/registry/election"
+	"github.com/regcluster/registry/health"
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/zapslog"
+	"github.com/regcluster/registry/probe"
+	"github.com/regcluster/registry/prober"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/server"
@@ -58,6 +62,16 @@ type Config struct {
 	SessionTTL time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// ProbeInterval is how often the prober checks an instance whose check
+	// does not say (default 1s).
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds a probe whose check does not say (default 500ms).
+	ProbeTimeout time.Duration
+	// ProbeConcurrency bounds probes in flight (default 64).
+	ProbeConcurrency int
+	// Thresholds are the global health thresholds (default
+	// health.DefaultThresholds()); an instance's check overrides them.
+	Thresholds health.Thresholds
 	// RingSize bounds the recent events kept for resuming subscribers
 	// (default 10000).
 	RingSize int
@@ -78,6 +92,9 @@ func DefaultConfig() Config {
 		Prefix:        record.DefaultPrefix,
 		SessionTTL:    10 * time.Second,
 		ShutdownGrace: 2 * time.Second,
+		ProbeInterval: time.Second,
+		ProbeTimeout:  500 * time.Millisecond,
+		Thresholds:    health.DefaultThresholds(),
 	}
 }
 
@@ -102,6 +119,17 @@ func (c *Config) Validate() error {
 	if c.Prefix != "" && !strings.HasPrefix(c.Prefix, "/") {
 		return fmt.Errorf("--prefix %q must start with '/'", c.Prefix)
 	}
+	if c.ProbeInterval != 0 && c.ProbeInterval < 100*time.Millisecond {
+		return fmt.Errorf("--probe-interval %s is below the 100ms floor", c.ProbeInterval)
+	}
+	if c.ProbeTimeout < 0 || c.ProbeConcurrency < 0 {
+		return errors.New("--probe-timeout and --probe-concurrency must not be negative")
+	}
+	if c.Thresholds != (health.Thresholds{}) {
+		if err := c.Thresholds.Validate(); err != nil {
+			return fmt.Errorf("health thresholds: %w", err)
+		}
+	}
 	if s := c.Embed.ClusterState; s != "" && s != "new" && s != "existing" {
 		return fmt.Errorf("--initial-cluster-state %q must be new or existing", s)
 	}
@@ -115,11 +143,14 @@ type Node struct {
 	etcd    *embedded.Member // nil when external
 	cli     *clientv3.Client
 	grpc    *grpc.Server
-	health  *health.Server
+	health  *grpchealth.Server
 	lis     net.Listener
 	metrics *metrics.Metrics
 	hub     *fanout.Hub
 	stopHub context.CancelFunc
+	probe   *probe.Prober
+	stopEl  context.CancelFunc
+	elDone  chan struct{}
 	mhttp   *http.Server
 	mlis    net.Listener
 
@@ -144,6 +175,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = def.ShutdownGrace
+	}
+	if cfg.Thresholds == (health.Thresholds{}) {
+		cfg.Thresholds = health.DefaultThresholds()
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = def.Prefix
@@ -188,7 +222,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}()
 	}
 	if cfg.Name == "" {
-		cfg.Name, _ = os.Hostname()
+		// Several regnodes may share a host: the API address tells them apart.
+		host, _ := os.Hostname()
+		cfg.Name = host + "/" + cfg.Listen
 	}
 	n.cfg = cfg
 	if n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second,
@@ -230,8 +266,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.serveErr <- fmt.Errorf("fan-out: %w", err)
 		}
 	}()
+	if err := n.startProber(cfg, st); err != nil {
+		return nil, err
+	}
 	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
-		Version: Version, Logger: n.log, Hub: n.hub})
+		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader})
 	if err != nil {
 		return nil, err
 	}
@@ -243,7 +282,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
 	)
 	registryv1.RegisterRegistryServer(n.grpc, api)
-	n.health = health.NewServer()
+	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
 	reflection.Register(n.grpc)
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -324,6 +363,13 @@ func (n *Node) shutdown() error {
 	if n.health != nil {
 		n.health.Shutdown()
 	}
+	if n.stopEl != nil {
+		n.stopEl() // resigns: another regnode takes over probing at once
+		<-n.elDone
+	}
+	if n.probe != nil {
+		n.probe.Close()
+	}
 	if n.stopHub != nil {
 		n.stopHub() // ends every Watch stream: subscribers resume elsewhere
 	}
@@ -363,4 +409,64 @@ func (n *Node) shutdown() error {
 	}
 	n.log.Info("regnode stopped", "node", n.cfg.Name)
 	return errors.Join(errs...)
+}
+
+// startProber runs the prober election: while this regnode leads, it
+// health-checks every instance with a check.
+func (n *Node) startProber(cfg Config, st *store.Store) error {
+	m := n.metrics
+	n.probe = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log})
+	pr, err := prober.New(prober.Config{Store: st, View: n.hub.Cache().Snapshot, Probe: n.probe,
+		Thresholds: cfg.Thresholds, Interval: cfg.ProbeInterval, Concurrency: cfg.ProbeConcurrency,
+		Node: cfg.Name, Logger: n.log,
+		OnProbe: func(o health.Outcome, d time.Duration) {
+			m.Probes.WithLabelValues(strings.ToLower(o.String())).Inc()
+			m.ProbeSeconds.Observe(d.Seconds())
+		},
+		OnTransition: func(tr health.Transition) {
+			m.Transitions.WithLabelValues(view(tr.From), view(tr.To)).Inc()
+		},
+		OnFenced: m.FenceRejections.Inc,
+	})
+	if err != nil {
+		return err
+	}
+	el, err := election.New(election.Config{Client: n.cli, Prefix: cfg.Prefix, Name: cfg.Name,
+		SessionTTL: cfg.SessionTTL, Logger: n.log,
+		OnLeaderChange: func(leading bool) {
+			m.LeaderChanges.Inc()
+			if leading {
+				m.Leading.Set(1)
+			} else {
+				m.Leading.Set(0)
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stopEl, n.elDone = cancel, make(chan struct{})
+	go func() {
+		defer close(n.elDone)
+		select { // probe from a filled view
+		case <-n.hub.Ready():
+		case <-ctx.Done():
+			return
+		}
+		_ = el.Run(ctx, pr.Lead)
+	}()
+	return nil
+}
+
+func view(s registryv1.HealthState) string {
+	return strings.TrimPrefix(s.String(), "HEALTH_STATE_")
+}
+
+// leader names the prober leader for Status ("" if none or unknown).
+func (n *Node) leader(ctx context.Context) string {
+	l, err := election.CurrentLeader(ctx, n.cli, n.cfg.Prefix)
+	if err != nil {
+		return ""
+	}
+	return l.Name
 }

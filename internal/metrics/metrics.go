@@ -32,6 +32,12 @@ type Metrics struct {
 	ResetsSent         *prometheus.CounterVec // by reason
 	WatchRestarts      *prometheus.CounterVec // by reason
 	StaleBatches       prometheus.Counter
+	Probes             *prometheus.CounterVec // by result: ok, slow, timeout, error, unhealthy
+	ProbeSeconds       prometheus.Histogram
+	Transitions        *prometheus.CounterVec // by from, to
+	FenceRejections    prometheus.Counter
+	LeaderChanges      prometheus.Counter
+	Leading            prometheus.Gauge
 	Requests           *prometheus.CounterVec   // by method, code
 	RequestSeconds     *prometheus.HistogramVec // by method
 }
@@ -56,11 +62,18 @@ func New() *Metrics {
 		ResetsSent:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_resets_sent_total", Help: "Reset snapshots sent to subscribers, by reason (ring, slow-subscriber, etcd-relist, new-epoch)."}, []string{"reason"}),
 		WatchRestarts:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_etcd_watch_restarts_total", Help: "Times this regnode's etcd watch was re-established, by reason."}, []string{"reason"}),
 		StaleBatches:       prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_stale_batches_total", Help: "Batches refused by a cache because they were older than it."}),
+		Probes:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_probes_total", Help: "Health probes run by this regnode while it led, by result."}, []string{"result"}),
+		ProbeSeconds:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "registry_probe_seconds", Help: "Latency of health probes.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+		Transitions:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_health_transitions_total", Help: "Health transitions written, by from and to state."}, []string{"from", "to"}),
+		FenceRejections:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_fence_rejections_total", Help: "Health writes refused because this regnode was no longer the prober leader."}),
+		LeaderChanges:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_leader_changes_total", Help: "Times this regnode started or stopped leading the prober."}),
+		Leading:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_prober_leader", Help: "1 while this regnode leads the prober."}),
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_requests_total", Help: "API calls, by method and gRPC code."}, []string{"method", "code"}),
 		RequestSeconds:     prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "registry_request_seconds", Help: "Latency of unary API calls.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"method"}),
 	}
 	r.MustRegister(m.Registrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
-		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.ResetsSent, m.WatchRestarts, m.StaleBatches, m.Requests, m.RequestSeconds)
+		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.ResetsSent, m.WatchRestarts, m.StaleBatches,
+		m.Probes, m.ProbeSeconds, m.Transitions, m.FenceRejections, m.LeaderChanges, m.Leading, m.Requests, m.RequestSeconds)
 	return m
 }
 

@@ -1,0 +1,8 @@
+package probe
+
+// cachedConns returns how many gRPC connections p holds.
+func (p *Prober) cachedConns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.mu.conns)
+}

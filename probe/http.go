@@ -1,0 +1,86 @@
+package probe
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/regcluster/registry/health"
+)
+
+// The bounds of HTTP probes.
+const (
+	// MaxBody is how much of a health endpoint's body a probe reads (and
+	// discards); the rest is never read.
+	MaxBody = 4 << 10
+	// UserAgent is sent with every HTTP probe.
+	UserAgent = "regcluster-prober/1"
+
+	maxIdleConns        = 256 // keep-alive connections kept, in all
+	maxIdleConnsPerHost = 1   // one probe at a time per instance
+	idleConnTimeout     = 30 * time.Second
+	maxHeaderBytes      = 64 << 10
+)
+
+// newTransport returns the Prober's HTTP transport: plain HTTP/1.1 with a
+// bounded keep-alive pool, and no proxy (the environment's proxy settings
+// are for callers, not for reaching instances directly).
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                  nil,
+		DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:           maxIdleConns,
+		MaxIdleConnsPerHost:    maxIdleConnsPerHost,
+		IdleConnTimeout:        idleConnTimeout,
+		MaxResponseHeaderBytes: maxHeaderBytes,
+		DisableCompression:     true,
+	}
+}
+
+// noRedirect makes the client return a 3xx response as it is: a health
+// endpoint that redirects (maybe to another host) has not answered.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// probeHTTP sends GET http://address+target. A 2xx status is OK; any other
+// is Unhealthy. The probe is complete when the status and up to MaxBody
+// bytes of the body have arrived: an error while reading them counts like
+// any other.
+func (p *Prober) probeHTTP(ctx context.Context, address, target string, timeout time.Duration) (health.Outcome, string) {
+	if !strings.HasPrefix(target, "/") {
+		target = "/" + target
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+target, nil)
+	if err != nil {
+		return health.Error, "bad health URL: " + err.Error()
+	}
+	req.Header.Set("User-Agent", UserAgent)
+	resp, err := p.http.Do(req)
+	if err != nil {
+		return failure(ctx, err, timeout)
+	}
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, MaxBody))
+	_ = resp.Body.Close()
+	if err != nil {
+		return failure(ctx, err, timeout)
+	}
+	return httpStatus(resp.StatusCode)
+}
+
+// httpStatus maps a status code to an outcome: 2xx OK, else Unhealthy,
+// saying which contract failed.
+func httpStatus(code int) (health.Outcome, string) {
+	s := "HTTP " + strconv.Itoa(code)
+	switch {
+	case code >= 200 && code < 300:
+		return health.OK, ""
+	case code >= 300 && code < 400:
+		return health.Unhealthy, s + ": redirects are not followed"
+	case code >= 400 && code < 500:
+		return health.Unhealthy, s + ": the health endpoint's contract failed"
+	}
+	return health.Unhealthy, s
+}

@@ -1,0 +1,191 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/regcluster/registry/health"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+// DefaultTimeout is the probe timeout when neither the check spec nor the
+// Config sets one.
+const DefaultTimeout = 500 * time.Millisecond
+
+// Config configures a Prober. The zero Config is valid.
+type Config struct {
+	// DefaultTimeout bounds a probe whose check spec sets no timeout
+	// (default DefaultTimeout).
+	DefaultTimeout time.Duration
+	// HTTPClient, if set, sends HTTP probes instead of the Prober's own
+	// client. The Prober uses a copy that never follows redirects, and
+	// leaves the client's transport open on Close: the caller owns it.
+	HTTPClient *http.Client
+	// GRPCDialOptions are added to the options of every gRPC ClientConn
+	// the Prober creates (after its own: plaintext, no proxy, a connect
+	// backoff capped at one second).
+	GRPCDialOptions []grpc.DialOption
+	// Logger receives the Prober's own troubles, never probe results
+	// (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Prober runs probes. Create it with New and Close it when done.
+type Prober struct {
+	timeout   time.Duration
+	http      *http.Client
+	transport *http.Transport // the Prober's own, closed by Close; nil if Config.HTTPClient
+	dialer    net.Dialer
+	grpcOpts  []grpc.DialOption
+	log       *slog.Logger
+
+	inflight sync.WaitGroup // probes running; Close waits for them
+
+	mu struct {
+		sync.Mutex
+		closed bool
+		conns  map[string]*grpc.ClientConn // by address
+	}
+}
+
+// New returns a Prober configured by cfg. It does no I/O.
+func New(cfg Config) *Prober {
+	p := &Prober{
+		timeout: cfg.DefaultTimeout,
+		log:     cfg.Logger,
+	}
+	if p.timeout <= 0 {
+		p.timeout = DefaultTimeout
+	}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	if cfg.HTTPClient != nil {
+		c := *cfg.HTTPClient
+		c.CheckRedirect = noRedirect
+		p.http = &c
+	} else {
+		p.transport = newTransport()
+		p.http = &http.Client{Transport: p.transport, CheckRedirect: noRedirect}
+	}
+	p.grpcOpts = append(grpcDialOptions(), cfg.GRPCDialOptions...)
+	p.mu.conns = make(map[string]*grpc.ClientConn)
+	return p
+}
+
+// Probe checks the instance at address (host:port) as spec says and returns
+// the result, classified against slow. It returns within the probe's
+// timeout: spec.Timeout if set, else the Config's default, or sooner if ctx
+// ends first. A nil spec, or CHECK_KIND_NONE, returns OK at once, with zero
+// latency, without any I/O, even on a closed Prober: an instance without a
+// check is taken at its word. Otherwise a canceled ctx gives an Error
+// ("probe canceled") that callers shutting down should discard, and a
+// closed Prober gives an Error ("prober closed"). Probe is safe for
+// concurrent use; probes of one address share its cached connections.
+func (p *Prober) Probe(ctx context.Context, address string, spec *registryv1.HealthCheck, slow time.Duration) health.Result {
+	start := time.Now()
+	kind := spec.GetKind()
+	if kind == registryv1.CheckKind_CHECK_KIND_NONE {
+		return health.Result{Outcome: health.OK, At: start}
+	}
+	if !p.begin() {
+		return health.Result{Outcome: health.Error, Detail: "prober closed", At: start}
+	}
+	defer p.inflight.Done()
+
+	timeout := p.timeout
+	if d := spec.GetTimeout(); d != nil && d.AsDuration() > 0 {
+		timeout = d.AsDuration()
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = max(min(timeout, dl.Sub(start)), 0)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	var outcome health.Outcome
+	var detail string
+	switch kind {
+	case registryv1.CheckKind_CHECK_KIND_TCP:
+		outcome, detail = p.probeTCP(ctx, address, timeout)
+	case registryv1.CheckKind_CHECK_KIND_HTTP:
+		outcome, detail = p.probeHTTP(ctx, address, spec.GetTarget(), timeout)
+	case registryv1.CheckKind_CHECK_KIND_GRPC:
+		outcome, detail = p.probeGRPC(ctx, address, spec.GetTarget(), timeout)
+	default:
+		outcome, detail = health.Error, fmt.Sprintf("unsupported check kind %v", kind)
+	}
+	done := time.Now()
+	return health.Classify(health.Result{
+		Outcome: outcome,
+		Latency: done.Sub(start), // monotonic
+		Detail:  detail,
+		At:      done,
+	}, slow)
+}
+
+// begin registers a probe in flight, unless the Prober is closed.
+func (p *Prober) begin() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mu.closed {
+		return false
+	}
+	p.inflight.Add(1)
+	return true
+}
+
+// Forget closes and drops the cached gRPC connection to address, if any:
+// call it when the instance at address leaves the registry. A probe in
+// flight on that connection fails. Idle HTTP keep-alive connections to the
+// address are not closed here; they expire after 30 seconds idle.
+func (p *Prober) Forget(address string) {
+	p.mu.Lock()
+	cc := p.mu.conns[address]
+	delete(p.mu.conns, address)
+	p.mu.Unlock()
+	if cc != nil {
+		if err := cc.Close(); err != nil {
+			p.log.Warn("probe: closing gRPC connection", "address", address, "err", err)
+		}
+	}
+}
+
+// Close stops the Prober: new probes return "prober closed" at once, Close
+// waits for the probes in flight (each ends within its timeout), then closes
+// every cached gRPC connection and the idle HTTP connections of the
+// Prober's own transport. Close is idempotent; only the first call waits.
+func (p *Prober) Close() error {
+	p.mu.Lock()
+	if p.mu.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.mu.closed = true
+	p.mu.Unlock()
+
+	p.inflight.Wait()
+
+	p.mu.Lock()
+	conns := p.mu.conns
+	p.mu.conns = nil
+	p.mu.Unlock()
+	var errs []error
+	for addr, cc := range conns {
+		if err := cc.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("probe: closing gRPC connection to %s: %w", addr, err))
+		}
+	}
+	if p.transport != nil {
+		p.transport.CloseIdleConnections()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,293 @@
+// Package prober health-checks every instance that has a check, while its
+// regnode leads the prober election, and writes health transitions (only
+// transitions) through the leader's fence. Probes are spread over the
+// interval with jitter, run with bounded concurrency, and never run closer
+// than a floor interval for one instance. On taking over, the prober starts
+// from the health stored in etcd, not from HEALTHY.
+package prober
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/election"
+	"github.com/regcluster/registry/health"
+	"github.com/regcluster/registry/probe"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+	"github.com/regcluster/registry/store"
+)
+
+// Config configures a Prober. Zero fields take the defaults on each.
+type Config struct {
+	// Store is where transitions are written (required).
+	Store *store.Store
+	// View returns the current instances (required): the regnode's cache.
+	View func() *cache.Snapshot
+	// Probe runs the probes (required).
+	Probe *probe.Prober
+	// Thresholds are the global defaults; an instance's check overrides
+	// them field by field (default health.DefaultThresholds()).
+	Thresholds health.Thresholds
+	// Interval between probes of one instance when its check does not say
+	// (default 1s).
+	Interval time.Duration
+	// Floor: probes of one instance never start closer than this (default
+	// 100ms), whatever the check says.
+	Floor time.Duration
+	// Concurrency bounds probes in flight (default 64).
+	Concurrency int
+	// Node is this regnode's name, written as the observer.
+	Node string
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Hooks for metrics; any may be nil.
+	OnProbe      func(outcome health.Outcome, latency time.Duration)
+	OnTransition func(tr health.Transition)
+	OnFenced     func()
+}
+
+// Prober is the health checker. Lead may run many times, never twice at
+// once.
+type Prober struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns a Prober; it fails on a missing dependency or bad settings.
+func New(cfg Config) (*Prober, error) {
+	if cfg.Store == nil || cfg.View == nil || cfg.Probe == nil {
+		return nil, errors.New("prober: Config.Store, View and Probe are required")
+	}
+	if cfg.Thresholds == (health.Thresholds{}) {
+		cfg.Thresholds = health.DefaultThresholds()
+	}
+	if err := cfg.Thresholds.Validate(); err != nil {
+		return nil, fmt.Errorf("prober thresholds: %w", err)
+	}
+	if cfg.Floor <= 0 {
+		cfg.Floor = 100 * time.Millisecond
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Interval < cfg.Floor {
+		return nil, fmt.Errorf("prober: interval %s is below the floor %s", cfg.Interval, cfg.Floor)
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 64
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Prober{cfg: cfg, log: cfg.Logger.With("component", "prober")}, nil
+}
+
+// tracked is one instance being probed; owned by Lead's goroutine.
+type tracked struct {
+	inst      *registryv1.Instance
+	machine   health.Machine
+	slow      time.Duration
+	interval  time.Duration
+	nextAt    time.Time
+	lastStart time.Time
+	inflight  bool
+}
+
+type result struct {
+	key  cache.Key
+	inst *registryv1.Instance // the record probed (its create revision)
+	res  health.Result
+}
+
+// Lead probes until ctx ends or a fenced write fails (ErrFenced).
+func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
+	// Start from what etcd holds now (a linearizable read), not from the
+	// cache, which may lag behind the previous leader's last writes.
+	insts, _, _, err := p.cfg.Store.List(ctx, "")
+	if err != nil {
+		return fmt.Errorf("read stored health: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	now := time.Now()
+	all := map[cache.Key]*tracked{}
+	for _, in := range insts {
+		p.track(all, in, now)
+	}
+	p.log.Info("probing", "instances", len(all), "fence", l.Rev)
+	results := make(chan result, p.cfg.Concurrency)
+	sem := make(chan struct{}, p.cfg.Concurrency)
+	tick := time.NewTicker(max(10*time.Millisecond, min(p.cfg.Floor/2, 50*time.Millisecond)))
+	defer tick.Stop()
+	var seen int64 = -1
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case r := <-results:
+			<-sem
+			t := all[r.key]
+			if t == nil || t.inst.CreateRevision != r.inst.CreateRevision {
+				continue // gone, or registered anew while probed
+			}
+			t.inflight = false
+			if p.cfg.OnProbe != nil {
+				p.cfg.OnProbe(r.res.Outcome, r.res.Latency)
+			}
+			tr, changed := t.machine.Observe(r.res)
+			if !changed {
+				continue
+			}
+			if err := p.write(ctx, l, r.key, t, tr, r.res); err != nil {
+				if errors.Is(err, store.ErrGuard) {
+					if p.cfg.OnFenced != nil {
+						p.cfg.OnFenced()
+					}
+					p.log.Error("health write refused by the fence: no longer the leader; stopping", "fence", l.Rev, "instance", r.key)
+					return fmt.Errorf("write %s/%s: %w", r.key.Service, r.key.ID, election.ErrFenced)
+				}
+				if errors.Is(err, record.ErrNotFound) {
+					delete(all, r.key)
+					continue
+				}
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				// etcd trouble: keep the machine's state and write it again
+				// on the next transition; log it loudly.
+				p.log.Error("health transition not written", "instance", r.key, "to", tr.To, "err", err)
+			}
+		case now := <-tick.C:
+			if snap := p.cfg.View(); snap.Revision() != seen {
+				seen = snap.Revision()
+				p.sync(all, snap, now)
+			}
+			for key, t := range all {
+				if t.inflight || now.Before(t.nextAt) {
+					continue
+				}
+				select {
+				case sem <- struct{}{}:
+				default:
+					continue // at the concurrency bound: next tick
+				}
+				t.inflight, t.lastStart = true, now
+				t.nextAt = now.Add(jitter(t.interval))
+				wg.Add(1)
+				go func(key cache.Key, inst *registryv1.Instance, slow time.Duration) {
+					defer wg.Done()
+					res := p.cfg.Probe.Probe(ctx, inst.Address, inst.Check, slow)
+					select {
+					case results <- result{key: key, inst: inst, res: res}:
+					case <-ctx.Done():
+					}
+				}(key, t.inst, t.slow)
+			}
+		}
+	}
+}
+
+// jitter spreads probes of many instances: ±10% of the interval.
+func jitter(d time.Duration) time.Duration {
+	return d - d/10 + rand.N(d/5+1)
+}
+
+// track starts following inst if it has a check, from its stored health.
+func (p *Prober) track(all map[cache.Key]*tracked, in *registryv1.Instance, now time.Time) {
+	if in.GetCheck().GetKind() == registryv1.CheckKind_CHECK_KIND_NONE {
+		return
+	}
+	th := p.cfg.Thresholds.With(in.Check)
+	interval := p.cfg.Interval
+	if d := in.GetCheck().GetInterval().AsDuration(); d > 0 {
+		interval = d
+	}
+	interval = max(interval, p.cfg.Floor)
+	state, since := in.GetHealth().GetState(), in.GetHealth().GetSince().AsTime()
+	if in.GetHealth() == nil {
+		since = now
+	}
+	all[cache.Key{Service: in.Service, ID: in.Id}] = &tracked{
+		inst: in, machine: health.NewMachine(th, state, since), slow: th.Slow, interval: interval,
+		// The first probe of each instance lands somewhere in its first
+		// interval, so a takeover does not probe everything at once.
+		nextAt: now.Add(rand.N(interval)),
+	}
+}
+
+// sync follows the instance set: new instances are tracked, gone ones
+// dropped, changed ones keep their machine unless registered anew.
+func (p *Prober) sync(all map[cache.Key]*tracked, snap *cache.Snapshot, now time.Time) {
+	live := make(map[cache.Key]bool, len(all))
+	for _, in := range snap.All() {
+		key := cache.Key{Service: in.Service, ID: in.Id}
+		live[key] = true
+		t := all[key]
+		switch {
+		case t == nil:
+			p.track(all, in, now)
+		case in.CreateRevision != t.inst.CreateRevision ||
+			(in.GetHealth() == nil && t.machine.State() != registryv1.HealthState_HEALTH_STATE_UNKNOWN) ||
+			in.Address != t.inst.Address || !sameCheck(in.Check, t.inst.Check):
+			// Registered anew (or moved, or its check changed): start
+			// over from what is stored.
+			delete(all, key)
+			p.track(all, in, now)
+			if nt := all[key]; nt != nil && t.inflight {
+				nt.inflight, nt.nextAt = true, t.nextAt
+			}
+		default:
+			t.inst = in
+		}
+	}
+	for key, t := range all {
+		if !live[key] {
+			delete(all, key)
+			p.cfg.Probe.Forget(t.inst.Address)
+		}
+	}
+}
+
+func sameCheck(a, b *registryv1.HealthCheck) bool {
+	return a.GetKind() == b.GetKind() && a.GetTarget() == b.GetTarget() &&
+		a.GetInterval().AsDuration() == b.GetInterval().AsDuration() &&
+		a.GetTimeout().AsDuration() == b.GetTimeout().AsDuration()
+}
+
+// write records one transition, through the fence, keeping the lease.
+func (p *Prober) write(ctx context.Context, l *election.Leadership, key cache.Key, t *tracked, tr health.Transition, res health.Result) error {
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	h := &registryv1.Health{State: tr.To, Since: timestamppb.New(tr.At), Reason: tr.Reason,
+		LastLatency: durationpb.New(res.Latency), Observer: p.cfg.Node, Fence: l.Rev}
+	inst, _, err := p.cfg.Store.UpdateIf(wctx, key.Service, key.ID, []clientv3.Cmp{l.Fence()}, func(in *registryv1.Instance) error {
+		if in.CreateRevision != t.inst.CreateRevision {
+			return fmt.Errorf("%s/%s was registered anew: %w", key.Service, key.ID, record.ErrNotFound)
+		}
+		in.Health = h
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	t.inst = inst
+	if p.cfg.OnTransition != nil {
+		p.cfg.OnTransition(tr)
+	}
+	p.log.Info("health transition", "instance", key.Service+"/"+key.ID, "from", tr.From.String(), "to", tr.To.String(), "reason", tr.Reason)
+	return nil
+}
