@@ -23,6 +23,7 @@ test:
 ## bench: registration throughput, ours against raw etcd, side by side
 bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./server/
+	go test -run '^$$' -bench . -benchtime 3x -count 1 ./prober/
 
 tools:
 	@command -v protoc >/dev/null || (apt-get update && apt-get install -y protobuf-compiler)

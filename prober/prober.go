@@ -7,6 +7,7 @@
 package prober
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -102,12 +103,37 @@ type tracked struct {
 	nextAt    time.Time
 	lastStart time.Time
 	inflight  bool
+	gone      bool // no longer followed; dropped from the queue lazily
+	index     int  // in the queue, -1 when not in it
 }
 
 type result struct {
-	key  cache.Key
+	t    *tracked
 	inst *registryv1.Instance // the record probed (its create revision)
 	res  health.Result
+}
+
+// queue orders tracked instances by when their next probe is due.
+type queue []*tracked
+
+func (q queue) Len() int           { return len(q) }
+func (q queue) Less(i, j int) bool { return q[i].nextAt.Before(q[j].nextAt) }
+func (q queue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *queue) Push(x any) {
+	t := x.(*tracked)
+	t.index = len(*q)
+	*q = append(*q, t)
+}
+func (q *queue) Pop() any {
+	old := *q
+	t := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	t.index = -1
+	return t
 }
 
 // Lead probes until ctx ends or a fenced write fails (ErrFenced).
@@ -125,26 +151,72 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 
 	now := time.Now()
 	all := map[cache.Key]*tracked{}
+	due := &queue{}
 	for _, in := range insts {
-		p.track(all, in, now)
+		p.track(all, due, in, now)
 	}
 	p.log.Info("probing", "instances", len(all), "fence", l.Rev)
 	results := make(chan result, p.cfg.Concurrency)
-	sem := make(chan struct{}, p.cfg.Concurrency)
-	tick := time.NewTicker(max(10*time.Millisecond, min(p.cfg.Floor/2, 50*time.Millisecond)))
-	defer tick.Stop()
+	inflight := 0
+	// Probes start when due (a timer on the earliest) or as soon as a slot
+	// frees: no tick quantizes the interval or caps the rate.
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	views := time.NewTicker(50 * time.Millisecond)
+	defer views.Stop()
 	var seen int64 = -1
+	launch := func(now time.Time) {
+		for due.Len() > 0 && inflight < p.cfg.Concurrency {
+			t := (*due)[0]
+			if t.nextAt.After(now) {
+				break
+			}
+			heap.Pop(due)
+			if t.gone {
+				continue
+			}
+			inflight++
+			t.inflight, t.lastStart = true, now
+			wg.Add(1)
+			go func(t *tracked, inst *registryv1.Instance) {
+				defer wg.Done()
+				res := p.cfg.Probe.Probe(ctx, inst.Address, inst.Check, t.slow)
+				select {
+				case results <- result{t: t, inst: inst, res: res}:
+				case <-ctx.Done():
+				}
+			}(t, t.inst)
+		}
+		if due.Len() > 0 && inflight < p.cfg.Concurrency {
+			timer.Reset(max(0, time.Until((*due)[0].nextAt)))
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case now := <-timer.C:
+			launch(now)
+		case now := <-views.C:
+			if snap := p.cfg.View(); snap.Revision() != seen {
+				seen = snap.Revision()
+				p.sync(all, due, snap, now)
+				launch(now)
+			}
 		case r := <-results:
-			<-sem
-			t := all[r.key]
-			if t == nil || t.inst.CreateRevision != r.inst.CreateRevision {
+			inflight--
+			t := r.t
+			if !t.gone {
+				t.inflight = false
+				// The next probe: one interval after this one started,
+				// jittered, never closer than the floor.
+				t.nextAt = t.lastStart.Add(max(jitter(t.interval), p.cfg.Floor))
+				heap.Push(due, t)
+			}
+			launch(time.Now())
+			if t.gone || t.inst.CreateRevision != r.inst.CreateRevision {
 				continue // gone, or registered anew while probed
 			}
-			t.inflight = false
 			if p.cfg.OnProbe != nil {
 				p.cfg.OnProbe(r.res.Outcome, r.res.Latency)
 			}
@@ -152,16 +224,17 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 			if !changed {
 				continue
 			}
-			if err := p.write(ctx, l, r.key, t, tr, r.res); err != nil {
+			key := cache.Key{Service: t.inst.Service, ID: t.inst.Id}
+			if err := p.write(ctx, l, key, t, tr, r.res); err != nil {
 				if errors.Is(err, store.ErrGuard) {
 					if p.cfg.OnFenced != nil {
 						p.cfg.OnFenced()
 					}
-					p.log.Error("health write refused by the fence: no longer the leader; stopping", "fence", l.Rev, "instance", r.key)
-					return fmt.Errorf("write %s/%s: %w", r.key.Service, r.key.ID, election.ErrFenced)
+					p.log.Error("health write refused by the fence: no longer the leader; stopping", "fence", l.Rev, "instance", key)
+					return fmt.Errorf("write %s/%s: %w", key.Service, key.ID, election.ErrFenced)
 				}
 				if errors.Is(err, record.ErrNotFound) {
-					delete(all, r.key)
+					p.untrack(all, key)
 					continue
 				}
 				if ctx.Err() != nil {
@@ -169,33 +242,7 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 				}
 				// etcd trouble: keep the machine's state and write it again
 				// on the next transition; log it loudly.
-				p.log.Error("health transition not written", "instance", r.key, "to", tr.To, "err", err)
-			}
-		case now := <-tick.C:
-			if snap := p.cfg.View(); snap.Revision() != seen {
-				seen = snap.Revision()
-				p.sync(all, snap, now)
-			}
-			for key, t := range all {
-				if t.inflight || now.Before(t.nextAt) {
-					continue
-				}
-				select {
-				case sem <- struct{}{}:
-				default:
-					continue // at the concurrency bound: next tick
-				}
-				t.inflight, t.lastStart = true, now
-				t.nextAt = now.Add(jitter(t.interval))
-				wg.Add(1)
-				go func(key cache.Key, inst *registryv1.Instance, slow time.Duration) {
-					defer wg.Done()
-					res := p.cfg.Probe.Probe(ctx, inst.Address, inst.Check, slow)
-					select {
-					case results <- result{key: key, inst: inst, res: res}:
-					case <-ctx.Done():
-					}
-				}(key, t.inst, t.slow)
+				p.log.Error("health transition not written", "instance", key, "to", tr.To, "err", err)
 			}
 		}
 	}
@@ -207,9 +254,9 @@ func jitter(d time.Duration) time.Duration {
 }
 
 // track starts following inst if it has a check, from its stored health.
-func (p *Prober) track(all map[cache.Key]*tracked, in *registryv1.Instance, now time.Time) {
+func (p *Prober) track(all map[cache.Key]*tracked, due *queue, in *registryv1.Instance, now time.Time) *tracked {
 	if in.GetCheck().GetKind() == registryv1.CheckKind_CHECK_KIND_NONE {
-		return
+		return nil
 	}
 	th := p.cfg.Thresholds.With(in.Check)
 	interval := p.cfg.Interval
@@ -221,17 +268,28 @@ func (p *Prober) track(all map[cache.Key]*tracked, in *registryv1.Instance, now 
 	if in.GetHealth() == nil {
 		since = now
 	}
-	all[cache.Key{Service: in.Service, ID: in.Id}] = &tracked{
+	t := &tracked{
 		inst: in, machine: health.NewMachine(th, state, since), slow: th.Slow, interval: interval,
 		// The first probe of each instance lands somewhere in its first
 		// interval, so a takeover does not probe everything at once.
-		nextAt: now.Add(rand.N(interval)),
+		nextAt: now.Add(rand.N(interval)), index: -1,
+	}
+	all[cache.Key{Service: in.Service, ID: in.Id}] = t
+	heap.Push(due, t)
+	return t
+}
+
+// untrack stops following key; a probe in flight is discarded on return.
+func (p *Prober) untrack(all map[cache.Key]*tracked, key cache.Key) {
+	if t := all[key]; t != nil {
+		t.gone = true
+		delete(all, key)
 	}
 }
 
 // sync follows the instance set: new instances are tracked, gone ones
 // dropped, changed ones keep their machine unless registered anew.
-func (p *Prober) sync(all map[cache.Key]*tracked, snap *cache.Snapshot, now time.Time) {
+func (p *Prober) sync(all map[cache.Key]*tracked, due *queue, snap *cache.Snapshot, now time.Time) {
 	live := make(map[cache.Key]bool, len(all))
 	for _, in := range snap.All() {
 		key := cache.Key{Service: in.Service, ID: in.Id}
@@ -239,24 +297,21 @@ func (p *Prober) sync(all map[cache.Key]*tracked, snap *cache.Snapshot, now time
 		t := all[key]
 		switch {
 		case t == nil:
-			p.track(all, in, now)
+			p.track(all, due, in, now)
 		case in.CreateRevision != t.inst.CreateRevision ||
 			(in.GetHealth() == nil && t.machine.State() != registryv1.HealthState_HEALTH_STATE_UNKNOWN) ||
 			in.Address != t.inst.Address || !sameCheck(in.Check, t.inst.Check):
 			// Registered anew (or moved, or its check changed): start
 			// over from what is stored.
-			delete(all, key)
-			p.track(all, in, now)
-			if nt := all[key]; nt != nil && t.inflight {
-				nt.inflight, nt.nextAt = true, t.nextAt
-			}
+			p.untrack(all, key)
+			p.track(all, due, in, now)
 		default:
 			t.inst = in
 		}
 	}
 	for key, t := range all {
 		if !live[key] {
-			delete(all, key)
+			p.untrack(all, key)
 			p.cfg.Probe.Forget(t.inst.Address)
 		}
 	}
