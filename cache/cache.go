@@ -79,7 +79,9 @@ func (c *Cache) Apply(b Batch) (Diff, error) {
 		net := make(netChanges, len(prev.services))
 		for svc, list := range prev.services {
 			for _, in := range list {
-				net.set(Key{svc, in.Id}, nil)
+				if !brokenKeepOnReset {
+					net.set(Key{svc, in.Id}, nil)
+				}
 			}
 		}
 		for _, in := range b.Instances {

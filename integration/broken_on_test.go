@@ -1,0 +1,5 @@
+//go:build brokencache
+
+package integration
+
+const brokenBuild = true

@@ -1,0 +1,353 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/regcluster/registry/client"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// Event is one change etcd recorded under the registry prefix.
+type Event struct {
+	Rev    int64
+	Key    string
+	Value  []byte
+	Delete bool
+	Create int64 // the key's create revision (puts)
+}
+
+// History records every change under the registry prefix from revision 1,
+// by a watch that starts before the workload writes anything, so the
+// checker can rebuild etcd's state at any revision even after compaction.
+type History struct {
+	keys   record.Keys
+	cli    *clientv3.Client
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	events []Event
+	rev    int64 // everything up to rev has been recorded
+	err    error
+}
+
+// RecordHistory starts recording; it stops when the test ends.
+func RecordHistory(t testing.TB, cli *clientv3.Client) *History {
+	h := &History{keys: record.NewKeys(""), cli: cli, done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	wch := cli.Watch(clientv3.WithRequireLeader(ctx), h.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(1),
+		clientv3.WithProgressNotify())
+	go func() {
+		defer close(h.done)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				cli.RequestProgress(clientv3.WithRequireLeader(ctx))
+			case resp, ok := <-wch:
+				if !ok {
+					return
+				}
+				h.mu.Lock()
+				if err := resp.Err(); err != nil {
+					h.err = fmt.Errorf("history watch: %w (compacted before it was recorded?)", err)
+				}
+				for _, ev := range resp.Events {
+					h.events = append(h.events, Event{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Value: ev.Kv.Value,
+						Delete: ev.Type == clientv3.EventTypeDelete, Create: ev.Kv.CreateRevision})
+					h.rev = max(h.rev, ev.Kv.ModRevision)
+				}
+				if resp.IsProgressNotify() {
+					h.rev = max(h.rev, resp.Header.Revision)
+				}
+				h.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-h.done })
+	return h
+}
+
+// WaitFor waits until the history holds everything up to rev.
+func (h *History) WaitFor(t testing.TB, rev int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		h.mu.Lock()
+		got, err := h.rev, h.err
+		h.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got >= rev {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("history recorded up to %d, want %d", got, rev)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Events returns a copy of the history so far.
+func (h *History) Events() []Event {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Event(nil), h.events...)
+}
+
+// ViewInst is what a subscriber showed of one instance.
+type ViewInst struct {
+	ModRev    int64
+	Lifecycle registryv1.Lifecycle
+}
+
+// View is one state a subscriber exposed.
+type View struct {
+	Rev   int64
+	Reset bool
+	Insts map[string]ViewInst // by key
+}
+
+// Subscriber is an SDK subscription that records every view it exposes.
+type Subscriber struct {
+	Name string
+	Sub  *client.Subscription
+	keys record.Keys
+
+	mu    sync.Mutex
+	views []View
+	delay time.Duration
+}
+
+// Follow subscribes to every service through c and records each view.
+// delay makes it a slow reader: its callback sleeps that long per change.
+func Follow(t testing.TB, c *client.Client, name string, delay time.Duration) *Subscriber {
+	t.Helper()
+	t.Helper()
+	s := &Subscriber{Name: name, keys: record.NewKeys(""), delay: delay}
+	sub, err := c.Subscribe(context.Background(), "", client.SubscribeOptions{OnChange: s.record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Sub = sub
+	t.Cleanup(sub.Close)
+	return s
+}
+
+func (s *Subscriber) record(ch client.Change) {
+	if ch.Progress {
+		return
+	}
+	v := View{Rev: ch.Revision, Reset: ch.Snapshot, Insts: map[string]ViewInst{}}
+	for _, in := range s.Sub.Snapshot().All() {
+		v.Insts[s.keys.Instance(in.Service, in.Id)] = ViewInst{ModRev: in.ModRevision, Lifecycle: in.Lifecycle}
+	}
+	s.mu.Lock()
+	s.views = append(s.views, v)
+	s.mu.Unlock()
+	if s.delay > 0 {
+		time.Sleep(s.delay)
+	}
+}
+
+// Views returns the views recorded so far.
+func (s *Subscriber) Views() []View {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]View(nil), s.views...)
+}
+
+// Report is what the checker found.
+type Report struct {
+	Views, Events, Deletes, DrainChecks, HealthWrites int
+	Violations                                        []string
+}
+
+func (r *Report) fail(format string, args ...any) {
+	if len(r.Violations) < 20 {
+		r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+	}
+}
+
+// Check verifies every invariant the suite can see: each recorded view
+// equals etcd's state at its revision (no phantom, no lost delete, resets
+// included), each subscriber's revision never decreases, a gracefully
+// deregistered instance was DRAINING in every subscriber that followed it
+// incrementally across its drain, every health write carries the fence of
+// the leader of its time, and every registration still open is in etcd.
+func Check(events []Event, subs []*Subscriber, open []string) Report {
+	keys := record.NewKeys("")
+	var rep Report
+	rep.Events = len(events)
+	sort.SliceStable(events, func(i, j int) bool { return events[i].Rev < events[j].Rev })
+	decode := func(ev Event) *registryv1.Instance {
+		if ev.Delete {
+			return nil
+		}
+		in, err := keys.Decode(ev.Key, ev.Value, ev.Create, ev.Rev)
+		if err != nil {
+			return nil // junk: readers treat it as absent
+		}
+		return in
+	}
+	isInstance := func(key string) bool { _, _, ok := keys.Parse(key); return ok }
+
+	// Views against etcd's state at their revision.
+	for _, s := range subs {
+		views := s.Views()
+		rep.Views += len(views)
+		state := map[string]*registryv1.Instance{}
+		i := 0
+		var last int64
+		for _, v := range views {
+			if v.Rev < last {
+				rep.fail("subscriber %s: revision went down from %d to %d", s.Name, last, v.Rev)
+			}
+			last = v.Rev
+			for ; i < len(events) && events[i].Rev <= v.Rev; i++ {
+				if ev := events[i]; isInstance(ev.Key) {
+					if in := decode(ev); in != nil {
+						state[ev.Key] = in
+					} else {
+						delete(state, ev.Key)
+					}
+				}
+			}
+			for key, in := range state {
+				got, ok := v.Insts[key]
+				switch {
+				case !ok:
+					rep.fail("subscriber %s at revision %d: %s missing (etcd holds it, mod %d): a lost put", s.Name, v.Rev, key, in.ModRevision)
+				case got.ModRev != in.ModRevision:
+					rep.fail("subscriber %s at revision %d: %s at mod %d, etcd at mod %d", s.Name, v.Rev, key, got.ModRev, in.ModRevision)
+				}
+			}
+			for key := range v.Insts {
+				if _, ok := state[key]; !ok {
+					rep.fail("subscriber %s at revision %d: %s shown but absent from etcd: a phantom or a lost delete", s.Name, v.Rev, key)
+				}
+			}
+		}
+	}
+
+	// Drain before delete, and fences.
+	type drain struct{ from int64 }
+	draining := map[string]*drain{}
+	// The election: live candidate keys and their create revisions; the
+	// leader is the one created first.
+	created := map[string]int64{}
+	leader := func() int64 {
+		var first int64
+		for _, cr := range created {
+			if first == 0 || cr < first {
+				first = cr
+			}
+		}
+		return first
+	}
+	lastHealth := map[string]*registryv1.Health{}
+	for _, ev := range events {
+		if !isInstance(ev.Key) {
+			if ev.Delete {
+				delete(created, ev.Key)
+			} else if _, ok := created[ev.Key]; !ok {
+				created[ev.Key] = ev.Create
+			}
+			continue
+		}
+		in := decode(ev)
+		switch {
+		case in == nil:
+			if d := draining[ev.Key]; d != nil && ev.Delete {
+				rep.Deletes++
+				for _, s := range subs {
+					rep.DrainChecks += checkDrained(&rep, s, ev.Key, d.from, ev.Rev)
+				}
+			}
+			delete(draining, ev.Key)
+		case in.Lifecycle == registryv1.Lifecycle_LIFECYCLE_DRAINING:
+			if draining[ev.Key] == nil {
+				draining[ev.Key] = &drain{from: ev.Rev}
+			}
+		default:
+			delete(draining, ev.Key)
+		}
+		// Only a put that changed the health is a prober's write; other
+		// writers (drains) carry the health they read.
+		prev := lastHealth[ev.Key]
+		if in == nil {
+			delete(lastHealth, ev.Key)
+		} else {
+			lastHealth[ev.Key] = in.Health
+		}
+		if in != nil && in.Health != nil && in.Health.Fence != 0 && !proto.Equal(prev, in.Health) {
+			rep.HealthWrites++
+			if l := leader(); l != in.Health.Fence {
+				rep.fail("revision %d: %s health %v written by %s under fence %d, but the leader's fence then was %d",
+					ev.Rev, ev.Key, in.Health.State, in.Health.Observer, in.Health.Fence, l)
+			}
+		}
+	}
+
+	// Every registration still open is in etcd at the end.
+	final := map[string]bool{}
+	for _, ev := range events {
+		if isInstance(ev.Key) {
+			final[ev.Key] = decode(ev) != nil
+		}
+	}
+	for _, key := range open {
+		if !final[key] {
+			rep.fail("%s: its registration is open but etcd does not hold it at the end (lease lost and not registered again?)", key)
+		}
+	}
+	return rep
+}
+
+// checkDrained: if s followed key incrementally from before its drain
+// (revision drainRev) to its delete (deleteRev), one of its views in
+// between must show it DRAINING. Returns 1 if the check applied.
+func checkDrained(rep *Report, s *Subscriber, key string, drainRev, deleteRev int64) int {
+	views := s.Views()
+	before, after := -1, -1
+	for i, v := range views {
+		if v.Rev < drainRev {
+			before = i
+		}
+		if v.Rev >= deleteRev && after < 0 {
+			after = i
+		}
+	}
+	if before < 0 || after < 0 {
+		return 0 // not following across it
+	}
+	if _, ok := views[before].Insts[key]; !ok {
+		return 0 // did not show it before the drain
+	}
+	for _, v := range views[before+1 : after+1] {
+		if v.Reset {
+			return 0 // a reset may legitimately skip the drain
+		}
+	}
+	for _, v := range views[before+1 : after] {
+		if vi, ok := v.Insts[key]; ok && vi.Lifecycle == registryv1.Lifecycle_LIFECYCLE_DRAINING {
+			return 1
+		}
+	}
+	rep.fail("subscriber %s: %s deleted at revision %d after draining at %d, but never shown DRAINING", s.Name, key, deleteRev, drainRev)
+	return 1
+}

@@ -1,0 +1,343 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/election"
+	"github.com/regcluster/registry/internal/etcdtest"
+)
+
+var regnodeBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "integration")
+	if err != nil {
+		panic(err)
+	}
+	regnodeBin, err = BuildRegnode(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one scenario's world.
+type env struct {
+	t       *testing.T
+	cl      *Cluster
+	h       *History
+	w       *Workload
+	subs    []*Subscriber
+	cut     []*etcdtest.Proxy // links of subscriber "cut" to each regnode
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+func newClient(t testing.TB, endpoints []string, opts ...grpc.DialOption) *client.Client {
+	c, err := client.New(client.Config{Endpoints: endpoints, DialOptions: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// options shape a scenario.
+type options struct {
+	every   time.Duration // between workload steps
+	slow    time.Duration // the slow subscriber's delay per change
+	nodeEnv []string      // extra REGNODE_* settings
+	big     bool          // ~8 KiB records
+}
+
+// setup starts a cluster, the history recorder, three subscribers (one on
+// all regnodes, one behind cuttable links, one slow, with fixed 64 KiB
+// flow-control windows so its slowness reaches the regnode) and the
+// workload.
+func setup(t *testing.T, o options) *env {
+	e := &env{t: t, cl: StartCluster(t, regnodeBin, 3, o.nodeEnv...)}
+	e.h = RecordHistory(t, e.cl.Etcd)
+	var proxied []string
+	for _, api := range e.cl.APIs() {
+		p := etcdtest.NewProxy(t, api)
+		e.cut = append(e.cut, p)
+		proxied = append(proxied, p.Addr())
+	}
+	e.subs = []*Subscriber{
+		Follow(t, newClient(t, e.cl.APIs()), "all", 0),
+		Follow(t, newClient(t, proxied), "cut", 0),
+		Follow(t, newClient(t, e.cl.APIs(), grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)), "slow", o.slow),
+	}
+	e.w = NewWorkload(t, "i", e.cl.APIs(), uint64(time.Now().UnixNano()))
+	if o.big {
+		e.w.Meta = map[string]string{}
+		for i := range 8 {
+			e.w.Meta[fmt.Sprint("blob", i)] = strings.Repeat("x", 1000)
+		}
+	}
+	e.w.JunkWriter = e.cl.PutJunk
+	ctx, cancel := context.WithCancel(context.Background())
+	e.stop, e.stopped = cancel, make(chan struct{})
+	go func() { defer close(e.stopped); e.w.Run(ctx, o.every) }()
+	t.Cleanup(e.halt)
+	return e
+}
+
+func (e *env) halt() {
+	if e.stop != nil {
+		e.stop()
+		<-e.stopped
+		e.stop = nil
+	}
+}
+
+// finish stops the workload, lets everything settle, and runs the checker.
+// extraOpen are keys of registrations opened outside the workload.
+func (e *env) finish(extraOpen ...string) Report {
+	t := e.t
+	t.Helper()
+	e.halt()
+	e.w.Settle()
+	for _, p := range e.cut {
+		p.Heal()
+	}
+	// Every open registration must be (back) in etcd.
+	deadline := time.Now().Add(20 * time.Second)
+	open := append(e.w.Open(), extraOpen...)
+	for _, key := range open {
+		for {
+			resp, err := e.cl.Etcd.Get(context.Background(), key)
+			if err == nil && len(resp.Kvs) == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				break // the checker reports it
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	head, err := e.cl.Etcd.Get(context.Background(), "settle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := head.Header.Revision
+	e.h.WaitFor(t, rev)
+	for _, s := range e.subs {
+		deadline := time.Now().Add(30 * time.Second)
+		for s.Sub.Revision() < rev {
+			if time.Now().After(deadline) {
+				t.Fatalf("subscriber %s stuck at %d, etcd at %d (last error %v)", s.Name, s.Sub.Revision(), rev, s.Sub.LastError())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// The prober keeps writing: the history must reach the newest revision
+	// any subscriber showed before it can judge that view.
+	for _, s := range e.subs {
+		rev = max(rev, s.Sub.Revision())
+	}
+	e.h.WaitFor(t, rev)
+	rep := Check(e.h.Events(), e.subs, open)
+	resets := ""
+	for _, s := range e.subs {
+		resets += fmt.Sprintf(" %s=%d", s.Name, s.Sub.Stats().Resets)
+	}
+	t.Logf("workload: %s", e.w)
+	t.Logf("checked %d views against %d etcd events; %d graceful deletes, %d drain-before-delete checks, %d health writes; resets:%s; %d violations",
+		rep.Views, rep.Events, rep.Deletes, rep.DrainChecks, rep.HealthWrites, resets, len(rep.Violations))
+	for _, v := range rep.Violations {
+		t.Errorf("violation: %s", v)
+	}
+	if rep.Views == 0 || rep.Events == 0 {
+		t.Error("nothing was checked")
+	}
+	return rep
+}
+
+func metric(t *testing.T, nd *Node, name string) int {
+	resp, err := http.Get("http://" + nd.Metrics + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + name + ` (\d+)`).FindSubmatch(body)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
+}
+
+func TestKillEtcdLeaderMember(t *testing.T) {
+	e := setup(t, options{every: 100 * time.Millisecond})
+	time.Sleep(3 * time.Second)
+	leader := e.cl.EtcdLeader()
+	e.cl.Kill(leader)
+	time.Sleep(3 * time.Second)
+	e.cl.Restart(leader)
+	time.Sleep(2 * time.Second)
+	e.finish()
+}
+
+func TestKillRegnodeHoldingSubscribers(t *testing.T) {
+	e := setup(t, options{every: 100 * time.Millisecond})
+	time.Sleep(3 * time.Second)
+	victim, most := e.cl.Nodes[0], -1
+	for _, nd := range e.cl.Nodes {
+		if n := metric(t, nd, "registry_subscribers"); n > most {
+			victim, most = nd, n
+		}
+	}
+	t.Logf("killing %s, which serves %d subscribers", victim.Name, most)
+	e.cl.Kill(victim)
+	time.Sleep(3 * time.Second)
+	e.cl.Restart(victim)
+	time.Sleep(time.Second)
+	e.finish()
+}
+
+func TestPauseProberLeader(t *testing.T) {
+	e := setup(t, options{every: 100 * time.Millisecond})
+	time.Sleep(3 * time.Second)
+	l, err := election.CurrentLeader(context.Background(), e.cl.Etcd, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd := e.cl.Node(l.Name)
+	e.cl.Pause(nd)
+	time.Sleep(4 * time.Second) // past the 2s session TTL
+	e.cl.Resume(nd)
+	time.Sleep(3 * time.Second)
+	next, err := election.CurrentLeader(context.Background(), e.cl.Etcd, "")
+	if err != nil || next.Rev == l.Rev {
+		t.Fatalf("leadership did not move off the paused %s: %+v %v", l.Name, next, err)
+	}
+	rep := e.finish()
+	if rep.HealthWrites == 0 {
+		t.Error("no health writes to check")
+	}
+}
+
+// An instance cut off from every regnode for longer than its TTL loses its
+// lease; healed, it registers again by itself.
+func TestPartitionInstance(t *testing.T) {
+	e := setup(t, options{every: 200 * time.Millisecond})
+	var links []*etcdtest.Proxy
+	var eps []string
+	for _, api := range e.cl.APIs() {
+		p := etcdtest.NewProxy(t, api)
+		links = append(links, p)
+		eps = append(eps, p.Addr())
+	}
+	iso := NewWorkload(t, "iso", eps, 7)
+	key, err := iso.Register(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := e.cl.Etcd.Get(context.Background(), key)
+	time.Sleep(time.Second)
+	for _, p := range links {
+		p.Cut()
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for { // the lease expires: etcd drops the key
+		resp, err := e.cl.Etcd.Get(context.Background(), key)
+		if err == nil && len(resp.Kvs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the partitioned instance's key never expired")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, p := range links {
+		p.Heal()
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		resp, err := e.cl.Etcd.Get(context.Background(), key)
+		if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != before.Kvs[0].Lease {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the instance did not register again after the partition healed")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.finish(key) // the checker verifies it is open and present
+}
+
+// A subscriber cut off while the registry churns past every regnode's
+// ring and etcd compacts: it comes back through a reset and converges.
+func TestCompactWhileSubscriberCut(t *testing.T) {
+	e := setup(t, options{every: 50 * time.Millisecond, nodeEnv: []string{"REGNODE_WATCH_RING_SIZE=20"}})
+	time.Sleep(2 * time.Second)
+	for _, p := range e.cut {
+		p.Cut()
+	}
+	time.Sleep(4 * time.Second)
+	e.cl.Compact(e.h)
+	time.Sleep(500 * time.Millisecond)
+	for _, p := range e.cut {
+		p.Heal()
+	}
+	time.Sleep(2 * time.Second)
+	e.finish()
+	if e.subs[1].Sub.Stats().Resets == 0 {
+		t.Error("the cut subscriber came back without a reset: the scenario did not exercise one")
+	}
+}
+
+// A subscriber too slow to read (its callback sleeps) on regnodes with a
+// small queue is reset, and every view it showed was still true.
+func TestSlowSubscriber(t *testing.T) {
+	e := setup(t, options{every: 20 * time.Millisecond, slow: 100 * time.Millisecond, big: true, nodeEnv: []string{"REGNODE_WATCH_QUEUE_SIZE=4"}})
+	time.Sleep(8 * time.Second)
+	e.finish()
+	if e.subs[2].Sub.Stats().Resets == 0 {
+		t.Error("the slow subscriber was never reset: the scenario did not exercise it")
+	}
+}
+
+// Operators drain and undrain while the prober writes health transitions
+// of flapping backends, on the same keys.
+func TestConcurrentDrainsAndProbes(t *testing.T) {
+	e := setup(t, options{every: 20 * time.Millisecond})
+	time.Sleep(8 * time.Second)
+	rep := e.finish()
+	if rep.HealthWrites == 0 || e.w.Drains == 0 {
+		t.Errorf("health writes %d, drains %d: the scenario did not race them", rep.HealthWrites, e.w.Drains)
+	}
+}
+
+// Junk records written under the prefix are never shown and crash nothing.
+func TestJunkRecords(t *testing.T) {
+	e := setup(t, options{every: 50 * time.Millisecond})
+	for i := range 10 {
+		e.cl.PutJunk(fmt.Sprintf("/registry/v1/instances/orders/junk-x%d", i), "\xff\xfe garbage")
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	e.finish()
+	for _, nd := range e.cl.Nodes {
+		if n := metric(t, nd, "registry_junk_records_skipped_total"); n < 10 {
+			t.Errorf("%s counted %d junk records, want at least 10", nd.Name, n)
+		}
+	}
+}

@@ -1,0 +1,286 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/regcluster/registry/client"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// Backend is a TCP listener whose health the workload switches.
+type Backend struct {
+	Addr string
+	mu   sync.Mutex
+	lis  net.Listener
+}
+
+func newBackend(t testing.TB) *Backend {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &Backend{Addr: lis.Addr().String()}
+	b.serve(lis)
+	t.Cleanup(func() { b.Set(false) })
+	return b
+}
+
+func (b *Backend) serve(lis net.Listener) {
+	b.lis = lis
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+}
+
+// Set brings the backend up or down.
+func (b *Backend) Set(up bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case up && b.lis == nil:
+		if lis, err := net.Listen("tcp", b.Addr); err == nil {
+			b.serve(lis)
+		}
+	case !up && b.lis != nil:
+		b.lis.Close()
+		b.lis = nil
+	}
+}
+
+// Workload registers instances (some with checks on flapping backends),
+// closes them gracefully or lets them crash, drains and undrains them as an
+// operator would, and writes junk, at random, until stopped.
+type Workload struct {
+	t         testing.TB
+	endpoints []string
+	keys      record.Keys
+	ops       *client.Client // the operator's client
+	backends  []*Backend
+	rng       *rand.Rand
+
+	mu   sync.Mutex
+	regs map[string]*reg // open registrations by key
+	seq  int
+	// Counts of what was done.
+	Registered, Graceful, Crashed, Drains, Undrains, Flaps, Junk int
+	// Junk, if set, is called to write a junk record.
+	JunkWriter func(key, value string)
+	// Meta is set on every instance registered (big values make big
+	// records, to fill flow-control windows fast).
+	Meta map[string]string
+	name string
+}
+
+type reg struct {
+	r *client.Registration
+	c *client.Client // its own client, so a crash can cut it alone
+}
+
+// NewWorkload prepares a workload whose registrations and operator go
+// through endpoints (regnode API addresses, or proxies in front of them).
+func NewWorkload(t testing.TB, name string, endpoints []string, seed uint64) *Workload {
+	ops, err := client.New(client.Config{Endpoints: endpoints})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &Workload{t: t, endpoints: endpoints, keys: record.NewKeys(""), ops: ops,
+		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b9)), regs: map[string]*reg{}, name: name}
+	for range 3 {
+		w.backends = append(w.backends, newBackend(t))
+	}
+	t.Cleanup(w.close)
+	return w
+}
+
+// Register adds one instance (with a TCP check on a backend every other
+// time) and returns its key.
+func (w *Workload) Register(ctx context.Context) (string, error) {
+	w.mu.Lock()
+	w.seq++
+	id := fmt.Sprintf("%s-%03d", w.name, w.seq)
+	meta := w.Meta
+	b := w.backends[w.seq%len(w.backends)]
+	withCheck := w.seq%2 == 0
+	w.mu.Unlock()
+	c, err := client.New(client.Config{Endpoints: w.endpoints})
+	if err != nil {
+		return "", err
+	}
+	in := &registryv1.Instance{Service: "orders", Id: id, Address: b.Addr, Zone: "z1", Metadata: meta}
+	if withCheck {
+		in.Check = &registryv1.HealthCheck{Kind: registryv1.CheckKind_CHECK_KIND_TCP}
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := c.Register(rctx, in, client.RegisterOptions{TTL: 3 * time.Second, DrainGrace: 300 * time.Millisecond})
+	if err != nil {
+		c.Close()
+		return "", err
+	}
+	key := w.keys.Instance("orders", id)
+	w.mu.Lock()
+	w.regs[key] = &reg{r: r, c: c}
+	w.Registered++
+	w.mu.Unlock()
+	return key, nil
+}
+
+func (w *Workload) pick() (string, *reg) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.regs) == 0 {
+		return "", nil
+	}
+	n := w.rng.IntN(len(w.regs))
+	for k, r := range w.regs {
+		if n == 0 {
+			return k, r
+		}
+		n--
+	}
+	return "", nil
+}
+
+// Step does one random action.
+func (w *Workload) Step(ctx context.Context) {
+	w.mu.Lock()
+	roll := w.rng.IntN(100)
+	n := len(w.regs)
+	w.mu.Unlock()
+	switch {
+	case roll < 30 || n < 4:
+		if _, err := w.Register(ctx); err != nil {
+			w.t.Logf("workload: register: %v", err)
+		}
+	case roll < 45:
+		if key, r := w.pick(); r != nil {
+			w.forget(key)
+			if err := r.r.Close(ctx); err != nil {
+				w.t.Logf("workload: close %s: %v", key, err)
+			}
+			r.c.Close()
+			w.mu.Lock()
+			w.Graceful++
+			w.mu.Unlock()
+		}
+	case roll < 50:
+		if key, r := w.pick(); r != nil {
+			// A crash: the process is gone, its lease expires on its own.
+			w.forget(key)
+			r.c.Close()
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			r.r.Close(cctx) // stops the loop; its calls fail on the closed client
+			cancel()
+			w.mu.Lock()
+			w.Crashed++
+			w.mu.Unlock()
+		}
+	case roll < 70:
+		if key, _ := w.pick(); key != "" {
+			service, id, _ := w.keys.Parse(key)
+			var err error
+			if w.rng.IntN(2) == 0 {
+				_, err = w.ops.API().Drain(ctx, &registryv1.DrainRequest{Service: service, Id: id, Reason: "workload"})
+				w.count(&w.Drains)
+			} else {
+				_, err = w.ops.API().Undrain(ctx, &registryv1.UndrainRequest{Service: service, Id: id})
+				w.count(&w.Undrains)
+			}
+			_ = err // NotFound while it re-registers, Unavailable during faults: both fine
+		}
+	case roll < 95:
+		w.mu.Lock()
+		b := w.backends[w.rng.IntN(len(w.backends))]
+		up := w.rng.IntN(3) > 0
+		w.Flaps++
+		w.mu.Unlock()
+		b.Set(up)
+	default:
+		if w.JunkWriter != nil {
+			w.mu.Lock()
+			w.Junk++
+			k := w.keys.Instance("orders", fmt.Sprintf("junk-%d", w.Junk))
+			w.mu.Unlock()
+			w.JunkWriter(k, "not a record")
+		}
+	}
+}
+
+func (w *Workload) count(n *int) {
+	w.mu.Lock()
+	*n++
+	w.mu.Unlock()
+}
+
+func (w *Workload) forget(key string) {
+	w.mu.Lock()
+	delete(w.regs, key)
+	w.mu.Unlock()
+}
+
+// Run steps every interval until ctx ends.
+func (w *Workload) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			w.Step(ctx)
+		}
+	}
+}
+
+// Open returns the keys of the registrations still open.
+func (w *Workload) Open() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for k := range w.regs {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Settle brings every backend up, so no instance is left flapping.
+func (w *Workload) Settle() {
+	for _, b := range w.backends {
+		b.Set(true)
+	}
+}
+
+// String summarizes what the workload did.
+func (w *Workload) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return fmt.Sprintf("%d registered, %d closed gracefully, %d crashed, %d drains, %d undrains, %d backend flaps, %d junk records",
+		w.Registered, w.Graceful, w.Crashed, w.Drains, w.Undrains, w.Flaps, w.Junk)
+}
+
+func (w *Workload) close() {
+	w.mu.Lock()
+	regs := w.regs
+	w.regs = map[string]*reg{}
+	w.mu.Unlock()
+	for _, r := range regs {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		r.r.Close(ctx)
+		cancel()
+		r.c.Close()
+	}
+	w.ops.Close()
+}
