@@ -44,6 +44,7 @@ type env struct {
 	w       *Workload
 	subs    []*Subscriber
 	cut     []*etcdtest.Proxy // links of subscriber "cut" to each regnode
+	members []*Member         // the external etcd's members, if any
 	stop    context.CancelFunc
 	stopped chan struct{}
 }
@@ -63,6 +64,10 @@ type options struct {
 	slow    time.Duration // the slow subscriber's delay per change
 	nodeEnv []string      // extra REGNODE_* settings
 	big     bool          // ~8 KiB records
+	// external runs the regnodes on a three-member etcd cluster of the
+	// test process instead of embedding it.
+	external bool
+	members  []*Member
 }
 
 // setup starts a cluster, the history recorder, three subscribers (one on
@@ -70,7 +75,13 @@ type options struct {
 // flow-control windows so its slowness reaches the regnode) and the
 // workload.
 func setup(t *testing.T, o options) *env {
-	e := &env{t: t, cl: StartCluster(t, regnodeBin, 3, o.nodeEnv...)}
+	var cl *Cluster
+	if o.external {
+		cl, o.members = StartExternalCluster(t, regnodeBin, 3, o.nodeEnv...)
+	} else {
+		cl = StartCluster(t, regnodeBin, 3, o.nodeEnv...)
+	}
+	e := &env{t: t, cl: cl, members: o.members}
 	e.h = RecordHistory(t, e.cl.Etcd)
 	var proxied []string
 	for _, api := range e.cl.APIs() {
@@ -287,6 +298,9 @@ func TestPartitionInstance(t *testing.T) {
 // ring and etcd compacts: it comes back through a reset and converges.
 func TestCompactWhileSubscriberCut(t *testing.T) {
 	e := setup(t, options{every: 50 * time.Millisecond, nodeEnv: []string{"REGNODE_WATCH_RING_SIZE=20"}})
+	for _, p := range e.cut {
+		p.Delay(30 * time.Millisecond) // a slow link first
+	}
 	time.Sleep(2 * time.Second)
 	for _, p := range e.cut {
 		p.Cut()
@@ -295,6 +309,7 @@ func TestCompactWhileSubscriberCut(t *testing.T) {
 	e.cl.Compact(e.h)
 	time.Sleep(500 * time.Millisecond)
 	for _, p := range e.cut {
+		p.Delay(0)
 		p.Heal()
 	}
 	time.Sleep(2 * time.Second)
@@ -340,4 +355,18 @@ func TestJunkRecords(t *testing.T) {
 			t.Errorf("%s counted %d junk records, want at least 10", nd.Name, n)
 		}
 	}
+}
+
+// The same suite on regnodes that share an external etcd cluster: a
+// regnode is killed and an etcd member stopped, then both come back.
+func TestExternalEtcd(t *testing.T) {
+	e := setup(t, options{every: 100 * time.Millisecond, external: true})
+	time.Sleep(3 * time.Second)
+	e.cl.Kill(e.cl.Nodes[0])
+	e.members[1].Stop()
+	time.Sleep(3 * time.Second)
+	e.members[1].Start(t)
+	e.cl.Restart(e.cl.Nodes[0])
+	time.Sleep(2 * time.Second)
+	e.finish()
 }

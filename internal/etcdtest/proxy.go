@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy in front of an address, for cutting, pausing and
@@ -25,6 +26,7 @@ type Proxy struct {
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 	paused chan struct{} // closed while traffic flows; open while paused
+	delay  time.Duration
 	wg     sync.WaitGroup
 }
 
@@ -124,9 +126,12 @@ func (p *Proxy) copy(dst, src net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			gate := p.paused
+			gate, delay := p.paused, p.delay
 			p.mu.Unlock()
 			<-gate // held while paused; Cut closes the conns, not the gate
+			if delay > 0 {
+				time.Sleep(delay)
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
@@ -135,6 +140,13 @@ func (p *Proxy) copy(dst, src net.Conn) {
 			return // EOF, reset or closed by Cut: the link is gone either way
 		}
 	}
+}
+
+// Delay adds d of latency to every chunk of data, both ways (0 removes it).
+func (p *Proxy) Delay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
 }
 
 // Pause holds traffic both ways (the link is up but silent) until Resume.
