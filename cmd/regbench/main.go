@@ -1,0 +1,352 @@
+// Command regbench measures the registry against its baselines, in the
+// spirit of etcd's own benchmark command: each workload runs against our
+// stack (SDK → regnode → etcd) AND against what one would use without it
+// (raw etcd calls, etcd watchers, etcd's naming resolver), in the same
+// process, on the same embedded etcd, in alternating rounds, so the figures
+// that matter are ratios that hold on a noisy machine.
+//
+//	regbench SCENARIO [flags]       SCENARIO: register, propagate, compaction,
+//	                                failover, fanout, resync, or all
+//
+// It starts everything it needs itself (embedded etcd, regnodes via
+// node.Start, gRPC backends, subscribers; all on loopback), prints a
+// progress line on stderr, then a table (on stdout; on stderr with -json)
+// and with -json one JSON object per scenario on stdout:
+//
+//	{"scenario", "params", "ours": {case: {metric: v}},
+//	 "baseline": {name: {case: {metric: v}}}, "ratio": {name: {case: {metric: ours/baseline}}},
+//	 "targets": [{"name","want","got","met"}], "notes": [...], "seconds"}
+//
+// Latencies are objects {"p50","p99","max","n"} in milliseconds. -short
+// runs every scenario in a short form (make bench). Every scenario has a
+// hard deadline (-timeout) and stops by itself.
+//
+// To see what limits a figure: -cpuprofile FILE profiles the whole run;
+// every goroutine carries a pprof label side=etcd|regnode|client|writer|
+// backend, so `go tool pprof -tags` splits it by component and
+// -tagfocus=side=regnode isolates one. -propagate-kinds runs one kind of
+// propagate's consumers alone; -memprofile FILE writes fanout's heap
+// profiles before and after subscribing (for pprof -diff_base).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type scenario struct {
+	name string
+	run  func(ctx context.Context, e *env) (*Result, error)
+}
+
+var scenarios = []scenario{
+	{"register", runRegister},
+	{"propagate", runPropagate},
+	{"compaction", runCompaction},
+	{"failover", runFailover},
+	{"fanout", runFanout},
+	{"resync", runResync},
+}
+
+// intList is a flag of comma-separated integers.
+type intList []int
+
+func (l *intList) String() string {
+	s := make([]string, len(*l))
+	for i, v := range *l {
+		s[i] = strconv.Itoa(v)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *intList) Set(v string) error {
+	var out intList
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	*l = out
+	return nil
+}
+
+type config struct {
+	short, json, verbose bool
+	timeout              time.Duration
+	cpuprofile           string
+	memprofile           string
+
+	regConc   intList
+	regOps1   int // registrations per side at concurrency 1 (split over rounds)
+	regOpsN   int // ... at higher concurrency
+	regRounds int
+
+	propSubs      intList
+	propRate      float64
+	propWrites    int // per kind and round
+	propRounds    int
+	propInstances int
+	propKinds     []string
+	perClient     int // subscribers (or etcd watchers/resolvers) per client connection
+
+	compSubs  int
+	compChurn int
+	compRing  int
+	compWait  time.Duration
+
+	foBackends, foTrials, foConns, foRPS int
+	foProbe                              time.Duration
+
+	fanSubs int
+	fanRate float64
+	fanDur  time.Duration
+
+	resyncN       int
+	resyncRepeats int
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == childArg {
+		os.Exit(childMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func usage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "usage: regbench SCENARIO [flags]\n\nscenarios:")
+	for _, s := range scenarios {
+		fmt.Fprintf(w, " %s", s.name)
+	}
+	fmt.Fprintf(w, " all\n\nflags:\n")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// parse reads the command line; -short changes the defaults of every
+// flag not given explicitly.
+func parse(args []string, stderr io.Writer) (string, *config, error) {
+	c := &config{regConc: intList{1, 32}, propSubs: intList{1, 100, 1000}}
+	fs := flag.NewFlagSet("regbench", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&c.short, "short", false, "a short form of every scenario (what make bench runs)")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object per scenario on stdout (the table goes to stderr)")
+	fs.BoolVar(&c.verbose, "v", false, "log warnings of etcd and regnode to stderr")
+	fs.DurationVar(&c.timeout, "timeout", 6*time.Minute, "hard deadline of each scenario")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&c.memprofile, "memprofile", "", "fanout: write heap profiles (every allocation) before and after subscribing in-process (ours) to FILE.before and FILE")
+
+	fs.Var(&c.regConc, "register-conc", "register: concurrencies")
+	fs.IntVar(&c.regOps1, "register-ops-1", 2000, "register: registrations per side at concurrency 1")
+	fs.IntVar(&c.regOpsN, "register-ops-n", 16000, "register: registrations per side at higher concurrency")
+	fs.IntVar(&c.regRounds, "register-rounds", 4, "register: alternating rounds (ours, raw)")
+
+	fs.Var(&c.propSubs, "propagate-subs", "propagate: numbers of subscribers S")
+	fs.Float64Var(&c.propRate, "propagate-rate", 50, "propagate: changes per second")
+	fs.IntVar(&c.propWrites, "propagate-writes", 250, "propagate: changes per kind and round")
+	fs.IntVar(&c.propRounds, "propagate-rounds", 3, "propagate: rounds (ours, etcd watchers, etcd resolvers, rotating)")
+	fs.IntVar(&c.propInstances, "propagate-instances", 20, "propagate: instances of the service")
+	kinds := fs.String("propagate-kinds", kindOurs+","+kindWatch+","+kindResolver, "propagate: which kinds write in the rounds (to profile one alone)")
+	fs.IntVar(&c.perClient, "per-client", 10, "subscribers, etcd watchers or resolvers per client connection")
+
+	fs.IntVar(&c.compSubs, "compaction-subs", 100, "compaction: subscribers and resolvers")
+	fs.IntVar(&c.compChurn, "compaction-churn", 1000, "compaction: changes while cut off")
+	fs.IntVar(&c.compRing, "compaction-ring", 256, "compaction: regnode's ring of recent events")
+	fs.DurationVar(&c.compWait, "compaction-wait", 15*time.Second, "compaction: bound on the wait to converge")
+
+	fs.IntVar(&c.foBackends, "failover-backends", 3, "failover: gRPC backends")
+	fs.IntVar(&c.foTrials, "failover-trials", 5, "failover: kills (one backend each, restarted after)")
+	fs.IntVar(&c.foConns, "failover-conns", 4, "failover: subscribers (grpc ClientConns, each its own SDK client)")
+	fs.IntVar(&c.foRPS, "failover-rps", 50, "failover: requests per second per ClientConn")
+	fs.DurationVar(&c.foProbe, "probe-interval", 100*time.Millisecond, "failover: regnode probe interval")
+
+	fs.IntVar(&c.fanSubs, "fanout-subs", 10000, "fanout: subscribers on one regnode")
+	fs.Float64Var(&c.fanRate, "fanout-rate", 20, "fanout: changes per second during the CPU phase")
+	fs.DurationVar(&c.fanDur, "fanout-duration", 10*time.Second, "fanout: length of the CPU phase")
+
+	fs.IntVar(&c.resyncN, "resync-instances", 100000, "resync: instances in etcd")
+	fs.IntVar(&c.resyncRepeats, "resync-repeats", 3, "resync: repeats of each measure")
+
+	var name string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		usage(stderr, fs)
+		return "", nil, err
+	}
+	if name == "" && fs.NArg() > 0 {
+		name = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			usage(stderr, fs)
+			return "", nil, err
+		}
+	}
+	if fs.NArg() > 0 || name == "" {
+		usage(stderr, fs)
+		return "", nil, errors.New("want exactly one SCENARIO")
+	}
+	if c.short {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		short := map[string]string{
+			"timeout":           "2m",
+			"register-ops-1":    "1200",
+			"register-ops-n":    "6000",
+			"register-rounds":   "6",
+			"propagate-subs":    "1,100,300",
+			"propagate-writes":  "60",
+			"propagate-rounds":  "4",
+			"compaction-subs":   "20",
+			"compaction-churn":  "300",
+			"compaction-ring":   "128",
+			"compaction-wait":   "8s",
+			"failover-trials":   "4",
+			"failover-conns":    "3",
+			"fanout-subs":       "2000",
+			"fanout-duration":   "4s",
+			"resync-instances":  "20000",
+			"resync-repeats":    "3",
+			"propagate-rate":    "50",
+			"failover-backends": "3",
+		}
+		for k, v := range short {
+			if !set[k] {
+				if err := fs.Set(k, v); err != nil {
+					return "", nil, err
+				}
+			}
+		}
+	}
+	for _, k := range strings.Split(*kinds, ",") {
+		switch k {
+		case kindOurs, kindWatch, kindResolver:
+			c.propKinds = append(c.propKinds, k)
+		default:
+			usage(stderr, fs)
+			return "", nil, fmt.Errorf("-propagate-kinds: unknown kind %q", k)
+		}
+	}
+	if name != "all" && find(name) == nil {
+		usage(stderr, fs)
+		return "", nil, fmt.Errorf("unknown scenario %q", name)
+	}
+	return name, c, nil
+}
+
+func find(name string) *scenario {
+	for i := range scenarios {
+		if scenarios[i].name == name {
+			return &scenarios[i]
+		}
+	}
+	return nil
+}
+
+// run is main without the exit: it returns 0, 1 if a scenario failed, or
+// 2 on a usage error.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	name, cfg, err := parse(args, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "regbench: %v\n", err)
+		return 2
+	}
+	if cfg.cpuprofile != "" {
+		f, err := os.Create(cfg.cpuprofile)
+		if err != nil {
+			fmt.Fprintf(stderr, "regbench: %v\n", err)
+			return 1
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "regbench: %v\n", err)
+			f.Close()
+			return 1
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
+	table := stdout
+	if cfg.json {
+		table = stderr
+	}
+	list := scenarios
+	if name != "all" {
+		list = []scenario{*find(name)}
+	}
+	start := time.Now()
+	code := 0
+	for _, s := range list {
+		if ctx.Err() != nil {
+			break
+		}
+		res := runOne(ctx, cfg, s, stderr)
+		res.writeTable(table)
+		if cfg.json {
+			if err := res.writeJSON(stdout); err != nil {
+				fmt.Fprintf(stderr, "regbench: %v\n", err)
+				code = 1
+			}
+		}
+		if res.Error != "" {
+			code = 1
+		}
+	}
+	fmt.Fprintf(stderr, "\nregbench %s: %.1fs in all (GOMAXPROCS %d, %d CPUs)\n", name,
+		time.Since(start).Seconds(), runtime.GOMAXPROCS(0), runtime.NumCPU())
+	return code
+}
+
+// runOne runs a scenario under its deadline. Should it not return within
+// the deadline plus a grace (something ignored its context), the process
+// prints every goroutine and exits: the deadline is hard.
+func runOne(parent context.Context, cfg *config, s scenario, stderr io.Writer) *Result {
+	ctx, cancel := context.WithTimeout(parent, cfg.timeout)
+	defer cancel()
+	watchdog := time.AfterFunc(cfg.timeout+30*time.Second, func() {
+		fmt.Fprintf(stderr, "\nregbench: scenario %s overran its deadline of %s; goroutines:\n", s.name, cfg.timeout)
+		_ = pprof.Lookup("goroutine").WriteTo(stderr, 1)
+		os.Exit(3)
+	})
+	defer watchdog.Stop()
+	e := &env{cfg: cfg, log: quiet(cfg.verbose), progress: startProgress(stderr, s.name)}
+	start := time.Now()
+	res, err := func() (res *Result, err error) {
+		defer e.close()
+		return s.run(ctx, e)
+	}()
+	e.progress.close()
+	if res == nil {
+		res = newResult(s.name, "")
+	}
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		res.Error = err.Error()
+		if errors.Is(err, context.DeadlineExceeded) {
+			res.Error += fmt.Sprintf(" (deadline %s)", cfg.timeout)
+		}
+	}
+	res.param("short", cfg.short)
+	res.param("gomaxprocs", runtime.GOMAXPROCS(0))
+	res.Seconds = round3(time.Since(start).Seconds())
+	res.finish()
+	return res
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/regcluster/registry/internal/etcdtest"
+)
+
+// TestMain lets the test binary stand in for regbench as fanout's
+// subscriber process (fanout re-executes os.Executable()).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == childArg {
+		os.Exit(childMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	os.Exit(m.Run())
+}
+
+// tiny are parameters small enough for every scenario to run in seconds
+// under the race detector; nothing here is timed.
+var tiny = map[string][]string{
+	"register": {"-register-conc", "1,4", "-register-ops-1", "16", "-register-ops-n", "32", "-register-rounds", "2"},
+	"propagate": {"-propagate-subs", "1,3", "-propagate-writes", "8", "-propagate-rounds", "1",
+		"-propagate-rate", "100", "-propagate-instances", "4", "-per-client", "2"},
+	"compaction": {"-compaction-subs", "2", "-compaction-churn", "24", "-compaction-ring", "8",
+		"-compaction-wait", "3s", "-propagate-instances", "4"},
+	"failover": {"-failover-backends", "2", "-failover-trials", "1", "-failover-conns", "1", "-failover-rps", "20"},
+	"fanout":   {"-fanout-subs", "8", "-fanout-rate", "20", "-fanout-duration", "300ms", "-propagate-instances", "4"},
+	"resync":   {"-resync-instances", "300", "-resync-repeats", "1"},
+}
+
+func TestScenariosJSON(t *testing.T) {
+	existing := goleak.IgnoreCurrent()
+	for _, s := range scenarios {
+		t.Run(s.name, func(t *testing.T) {
+			args := append([]string{s.name, "-json", "-timeout", "60s"}, tiny[s.name]...)
+			var out, errb bytes.Buffer
+			start := time.Now()
+			if code := run(context.Background(), args, &out, &errb); code != 0 {
+				t.Fatalf("regbench %s exited %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out.String(), errb.String())
+			}
+			t.Logf("%s: %.1fs", s.name, time.Since(start).Seconds())
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if len(lines) != 1 {
+				t.Fatalf("want one JSON line, got %d:\n%s", len(lines), out.String())
+			}
+			var obj map[string]any
+			if err := json.Unmarshal([]byte(lines[0]), &obj); err != nil {
+				t.Fatalf("not JSON: %v\n%s", err, lines[0])
+			}
+			for _, k := range []string{"scenario", "params", "ours", "baseline", "ratio"} {
+				if _, ok := obj[k]; !ok {
+					t.Errorf("JSON lacks %q: %s", k, lines[0])
+				}
+			}
+			if obj["scenario"] != s.name {
+				t.Errorf("scenario = %v, want %s", obj["scenario"], s.name)
+			}
+			for _, k := range []string{"ours", "baseline"} {
+				if m, _ := obj[k].(map[string]any); len(m) == 0 {
+					t.Errorf("%s is empty: %s", k, lines[0])
+				}
+			}
+			if e, ok := obj["error"]; ok {
+				t.Errorf("error: %v", e)
+			}
+			// The table went to stderr, with the scenario's heading.
+			if !strings.Contains(errb.String(), "== "+s.name) {
+				t.Errorf("no table on stderr:\n%s", errb.String())
+			}
+		})
+	}
+	// Every goroutine a scenario started has been stopped.
+	goleak.VerifyNone(t, append(etcdtest.LeakOptions(), existing)...)
+}
+
+func TestUsage(t *testing.T) {
+	for _, args := range [][]string{nil, {"nope"}, {"register", "extra"}, {"register", "-no-such-flag"}} {
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), args, &out, &errb); code != 2 {
+			t.Errorf("regbench %q: exit %d, want 2", args, code)
+		}
+		if !strings.Contains(errb.String(), "usage: regbench SCENARIO") {
+			t.Errorf("regbench %q: no usage on stderr: %s", args, errb.String())
+		}
+	}
+}
+
+func TestShortKeepsExplicitFlags(t *testing.T) {
+	_, c, err := parse([]string{"fanout", "-short", "-fanout-subs", "7"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.fanSubs != 7 || c.resyncN != 20000 || len(c.propSubs) != 3 || c.propSubs[2] != 300 {
+		t.Errorf("short config: fanSubs %d resyncN %d propSubs %v", c.fanSubs, c.resyncN, c.propSubs)
+	}
+}
+
+func TestCPUBySide(t *testing.T) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	labeled(sideRegnode, func() {
+		go func() {
+			defer close(done)
+			x := 0
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					x++
+				}
+			}
+		}()
+	})
+	by, err := cpuProfile(func() { time.Sleep(300 * time.Millisecond) })
+	close(stop)
+	<-done
+	if err != nil {
+		t.Skipf("CPU profile unavailable: %v", err)
+	}
+	if by[sideRegnode] <= 0 {
+		t.Errorf("no CPU attributed to the regnode label: %v", by)
+	}
+}
+
+func TestLatencies(t *testing.T) {
+	t0 := time.Now()
+	o := &observer{}
+	o.saw(5, t0.Add(3*time.Millisecond))
+	o.saw(9, t0.Add(10*time.Millisecond))
+	ds, early, missed := latencies([]commit{{4, t0}, {7, t0.Add(time.Millisecond)}, {9, t0.Add(11 * time.Millisecond)}, {12, t0}}, []*observer{o})
+	if len(ds) != 3 || ds[0] != 3*time.Millisecond || ds[1] != 9*time.Millisecond || ds[2] != 0 || early != 1 || missed != 1 {
+		t.Errorf("latencies = %v early %d missed %d", ds, early, missed)
+	}
+	l := summarize([]time.Duration{time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond, 100 * time.Millisecond})
+	if l.P50 != 2 || l.P99 != 100 || l.Max != 100 || l.N != 4 {
+		t.Errorf("summarize = %+v", l)
+	}
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// runRegister: registrations per second through the SDK's connection and
+// regnode's Register (which validates, grants a lease and puts the record
+// with a compare-and-swap) against raw etcd lease grant + put of the same
+// record from a client of the same etcd, at the same concurrency. etcd
+// fsyncs (the one scenario where it matters: every registration is a
+// write). The two sides alternate in rounds so noise hits both.
+func runRegister(ctx context.Context, e *env) (*Result, error) {
+	cfg := e.cfg
+	r := newResult("register", "registrations/s, API Register (SDK conn → regnode → etcd) vs raw etcd Grant+Put, same concurrency, same etcd with fsync on, alternating rounds")
+	r.param("concurrency", cfg.regConc)
+	r.param("ops_c1", cfg.regOps1)
+	r.param("ops_cN", cfg.regOpsN)
+	r.param("rounds", cfg.regRounds)
+	r.param("fsync", true)
+	r.param("lease_ttl_s", 60)
+	const base = "etcd_grant_put"
+
+	e.progress.set("starting etcd (fsync on) and a regnode")
+	etcd, err := startEtcd(ctx, e, true)
+	if err != nil {
+		return r, err
+	}
+	e.onClose(etcd.Close)
+	n, err := startNode(ctx, e, []string{etcd.URL}, nil)
+	if err != nil {
+		return r, err
+	}
+	e.onClose(func() { n.Close() })
+	c, err := regClient(e, n.Addr())
+	if err != nil {
+		return r, err
+	}
+	e.onClose(func() { c.Close() })
+	raw, err := etcdClient(sideWriter, etcd.URL, nil)
+	if err != nil {
+		return r, err
+	}
+	e.onClose(func() { raw.Close() })
+
+	api := c.API()
+	keys := record.NewKeys("")
+	var seq atomic.Int64
+	ours := func(ctx context.Context) error {
+		id := fmt.Sprint("o-", seq.Add(1))
+		_, err := api.Register(ctx, &registryv1.RegisterRequest{
+			Instance: &registryv1.Instance{Service: "bench", Id: id, Address: "10.0.0.1:80"},
+			Ttl:      durationpb.New(60 * time.Second)})
+		return err
+	}
+	direct := func(ctx context.Context) error {
+		in := &registryv1.Instance{Service: "bench", Id: fmt.Sprint("r-", seq.Add(1)), Address: "10.0.0.1:80",
+			Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING}
+		g, err := raw.Grant(ctx, 60)
+		if err != nil {
+			return err
+		}
+		in.LeaseId = int64(g.ID)
+		val, err := record.Encode(in)
+		if err != nil {
+			return err
+		}
+		_, err = raw.Put(ctx, keys.Instance(in.Service, in.Id), string(val), clientv3.WithLease(g.ID))
+		return err
+	}
+
+	for _, conc := range cfg.regConc {
+		cs := fmt.Sprintf("c=%d", conc)
+		ops := cfg.regOpsN
+		if conc == 1 {
+			ops = cfg.regOps1
+		}
+		rounds := max(1, cfg.regRounds)
+		per := max(ops/rounds, conc)
+		// Warm both paths (connections, leases, etcd's backend).
+		e.progress.set("%s warming up", cs)
+		if _, _, err := runN(ctx, min(64, per), conc, ours, nil); err != nil {
+			return r, fmt.Errorf("ours: %w", err)
+		}
+		if _, _, err := runN(ctx, min(64, per), conc, direct, nil); err != nil {
+			return r, fmt.Errorf("raw: %w", err)
+		}
+		var (
+			oursT, rawT     time.Duration
+			oursL, rawL     []time.Duration
+			oursPS, rawPS   []float64
+			done            atomic.Int64
+			total           = int64(per * rounds * 2)
+			progressPrinter = func() { e.progress.set("%s %d/%d registrations", cs, done.Load(), total) }
+		)
+		for round := range rounds {
+			// Alternate which side goes first.
+			sides := []bool{true, false}
+			if round%2 == 1 {
+				sides = []bool{false, true}
+			}
+			for _, isOurs := range sides {
+				f := direct
+				if isOurs {
+					f = ours
+				}
+				d, lats, err := runN(ctx, per, conc, f, func() {
+					if done.Add(1)%50 == 0 {
+						progressPrinter()
+					}
+				})
+				if err != nil {
+					return r, err
+				}
+				if isOurs {
+					oursT += d
+					oursL = append(oursL, lats...)
+					oursPS = append(oursPS, float64(per)/d.Seconds())
+				} else {
+					rawT += d
+					rawL = append(rawL, lats...)
+					rawPS = append(rawPS, float64(per)/d.Seconds())
+				}
+			}
+		}
+		tot := float64(per * rounds)
+		o, b := tot/oursT.Seconds(), tot/rawT.Seconds()
+		r.ours(cs, "per_sec", round3(o))
+		r.ours(cs, "latency_ms", summarize(oursL))
+		r.ours(cs, "ops", int(tot))
+		r.base(base, cs, "per_sec", round3(b))
+		r.base(base, cs, "latency_ms", summarize(rawL))
+		r.base(base, cs, "ops", int(tot))
+		r.ours(cs, "round_min_per_sec", round3(minOf(oursPS)))
+		r.base(base, cs, "round_min_per_sec", round3(minOf(rawPS)))
+		r.target(fmt.Sprintf("%s ours/raw registrations per second", cs), ">= 0.80",
+			fmt.Sprintf("%.3f (%.0f/s vs %.0f/s)", o/b, o, b), o/b >= 0.8)
+	}
+	r.skipRatio("ops")
+	r.note("ours = registry.v1 Register over the SDK client's gRPC connection (client.New → API()); client.Register adds a lease keeper on top of exactly this call")
+	r.note("both sides make two etcd calls per registration (ours: Grant, then a Txn that puts only if the key does not exist; raw: Grant, then a blind Put); ours adds the gRPC hop SDK → regnode and regnode's validation")
+	return r, nil
+}
+
+func minOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	m := xs[0]
+	for _, x := range xs[1:] {
+		m = min(m, x)
+	}
+	return m
+}
+
+// runN performs n calls of f on conc goroutines and returns the elapsed
+// time and every call's latency; tick, if set, is called after each call.
+func runN(ctx context.Context, n, conc int, f func(context.Context) error, tick func()) (time.Duration, []time.Duration, error) {
+	var (
+		wg    sync.WaitGroup
+		next  atomic.Int64
+		first atomic.Value
+		mu    sync.Mutex
+		lats  = make([]time.Duration, 0, n)
+	)
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]time.Duration, 0, n/conc+1)
+			defer func() {
+				mu.Lock()
+				lats = append(lats, local...)
+				mu.Unlock()
+			}()
+			for next.Add(1) <= int64(n) {
+				if ctx.Err() != nil {
+					first.CompareAndSwap(nil, ctx.Err())
+					return
+				}
+				t := time.Now()
+				if err := f(ctx); err != nil {
+					first.CompareAndSwap(nil, err)
+					return
+				}
+				local = append(local, time.Since(t))
+				if tick != nil {
+					tick()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	d := time.Since(start)
+	if err, ok := first.Load().(error); ok {
+		return d, nil, err
+	}
+	return d, lats, nil
+}
