@@ -161,10 +161,8 @@ func (e *Election) term(ctx context.Context, lead Lead) error {
 	val, _ := json.Marshal(value{Name: e.cfg.Name, Since: since})
 
 	// Campaign, but give up if the session dies meanwhile.
-	cctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(sess.Ctx(), cancel)
+	cctx, cancel := whileAlive(ctx, sess)
 	err = el.Campaign(cctx, string(val))
-	stop()
 	cancel()
 	if err != nil {
 		return fmt.Errorf("campaign: %w", err)
@@ -185,11 +183,9 @@ func (e *Election) term(ctx context.Context, lead Lead) error {
 		e.cfg.OnLeaderChange(true)
 		defer e.cfg.OnLeaderChange(false)
 	}
-	lctx, lcancel := context.WithCancel(ctx)
-	defer lcancel()
-	stopLead := context.AfterFunc(sess.Ctx(), lcancel)
-	defer stopLead()
+	lctx, lcancel := whileAlive(ctx, sess)
 	err = lead(lctx, l)
+	lcancel()
 	select {
 	case <-sess.Done():
 		e.log.Warn("leadership lost: session expired", "fence", l.Rev)
@@ -198,6 +194,24 @@ func (e *Election) term(ctx context.Context, lead Lead) error {
 	}
 	e.log.Info("stepping down", "fence", l.Rev, "err", err)
 	return err
+}
+
+// whileAlive returns a context that ends with ctx or when the session is
+// no longer kept alive. (Session.Ctx is not it: that context ends only on
+// Close; Done is what closes when the lease expires or is lost.) The
+// goroutine it starts ends when the returned cancel is called.
+func whileAlive(ctx context.Context, sess *concurrency.Session) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-sess.Done():
+			cancel()
+		case <-c.Done():
+		}
+	}()
+	return c, func() { cancel(); <-done }
 }
 
 // Leader is who leads and since when.

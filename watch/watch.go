@@ -145,6 +145,12 @@ func (w *Watcher) Run(ctx context.Context, deliver Deliver) error {
 		if w.cfg.OnRestart != nil {
 			w.cfg.OnRestart(reason, err)
 		}
+		if needList && attempt == 0 {
+			// etcd answered (compacted, or another epoch): relist at once;
+			// only a relist that fails again backs off.
+			attempt++
+			continue
+		}
 		if !sleep(ctx, w.backoff(attempt)) {
 			return ctx.Err()
 		}
