@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/regcluster/registry/internal/etcdtest"
 )
 
 // BuildRegnode builds the regnode binary into dir (once per test run) and
@@ -36,15 +37,7 @@ func BuildRegnode(dir string, tags ...string) (string, error) {
 	return bin, nil
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return etcdtest.FreePort(t) }
 
 // Node is one regnode process and the etcd member it embeds.
 type Node struct {

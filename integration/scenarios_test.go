@@ -157,13 +157,14 @@ func (e *env) finish(extraOpen ...string) Report {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	// The prober keeps writing: the history must reach the newest revision
-	// any subscriber showed before it can judge that view.
+	// The prober keeps writing: let the history reach the newest revision
+	// any subscriber showed; views newer than the history are not judged.
 	for _, s := range e.subs {
 		rev = max(rev, s.Sub.Revision())
 	}
 	e.h.WaitFor(t, rev)
-	rep := Check(e.h.Events(), e.subs, open)
+	events, upTo := e.h.Events()
+	rep := Check(events, upTo, e.subs, open)
 	resets := ""
 	for _, s := range e.subs {
 		resets += fmt.Sprintf(" %s=%d", s.Name, s.Sub.Stats().Resets)

@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 type proc struct {
 	cmd    *exec.Cmd
 	stderr *syncBuffer
-	done   chan error
+	done   chan struct{} // closed once the process has exited and been reaped
 }
 
 // syncBuffer is written by the process's stderr copier while the test reads.
@@ -73,14 +73,17 @@ func start(t *testing.T, env map[string]string, args ...string) *proc {
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.done <- cmd.Wait() }()
+	go func() { cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-p.done: // exited; ProcessState is safe to read from here on
+		default:
+			cmd.Process.Signal(syscall.SIGCONT)
 			cmd.Process.Kill()
 			<-p.done
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"testing"
@@ -18,15 +19,23 @@ import (
 	"github.com/regcluster/registry/internal/embedded"
 )
 
-// FreePort returns a loopback port that was free a moment ago.
+// FreePort returns a loopback port that was free a moment ago. It picks at
+// random below Linux's ephemeral range (32768-60999), which is where the
+// kernel hands out port 0 listeners and outgoing connections: picks there
+// collide with other test processes far more often.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port found below 32000")
+	return 0
 }
 
 // Member is one running embedded etcd member.
