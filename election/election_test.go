@@ -170,17 +170,20 @@ func TestLeadEndsWhenSessionExpires(t *testing.T) {
 	}
 	defer cli.Close()
 	ended := make(chan time.Time, 4)
+	leading := make(chan struct{}, 4)
 	lead := func(ctx context.Context, l *election.Leadership) error {
+		leading <- struct{}{}
 		<-ctx.Done()
 		ended <- time.Now()
 		return ctx.Err()
 	}
 	observer := m.Client(t)
 	c := run(t, cli, "a", lead)
-	waitFor(t, 5*time.Second, "a to lead", func() bool {
-		_, err := election.CurrentLeader(context.Background(), observer, "")
-		return err == nil
-	})
+	select { // leading, not merely holding a key in etcd
+	case <-leading:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a never led")
+	}
 	p.Pause() // the leader's keepalives stop reaching etcd
 	cut := time.Now()
 	waitFor(t, 10*time.Second, "the leader key to expire", func() bool {
