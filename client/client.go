@@ -23,7 +23,6 @@ import (
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
-	"github.com/regcluster/registry/store"
 )
 
 // DefaultEndpoint is where a regnode listens unless told otherwise.
@@ -123,7 +122,8 @@ func (c *Client) Close() error {
 
 // FromStatus turns a regnode error into one that wraps the sentinel a
 // caller branches on (record.ErrInvalid, record.ErrNotFound,
-// record.ErrAlreadyExists, store.ErrLeaseLost), keeping the message.
+// record.ErrAlreadyExists), keeping the message. A lost lease is not an
+// error of the API: KeepAlive answers it with lost=true.
 func FromStatus(err error) error {
 	if err == nil {
 		return nil
@@ -140,10 +140,6 @@ func FromStatus(err error) error {
 		sentinel = record.ErrNotFound
 	case codes.AlreadyExists:
 		sentinel = record.ErrAlreadyExists
-	case codes.FailedPrecondition:
-		if strings.Contains(st.Message(), store.ErrLeaseLost.Error()) {
-			sentinel = store.ErrLeaseLost
-		}
 	}
 	if sentinel == nil {
 		return err

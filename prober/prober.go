@@ -104,7 +104,6 @@ type tracked struct {
 	lastStart time.Time
 	inflight  bool
 	gone      bool // no longer followed; dropped from the queue lazily
-	index     int  // in the queue, -1 when not in it
 }
 
 type result struct {
@@ -118,21 +117,13 @@ type queue []*tracked
 
 func (q queue) Len() int           { return len(q) }
 func (q queue) Less(i, j int) bool { return q[i].nextAt.Before(q[j].nextAt) }
-func (q queue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].index, q[j].index = i, j
-}
-func (q *queue) Push(x any) {
-	t := x.(*tracked)
-	t.index = len(*q)
-	*q = append(*q, t)
-}
+func (q queue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *queue) Push(x any)        { *q = append(*q, x.(*tracked)) }
 func (q *queue) Pop() any {
 	old := *q
 	t := old[len(old)-1]
 	old[len(old)-1] = nil
 	*q = old[:len(old)-1]
-	t.index = -1
 	return t
 }
 
@@ -272,7 +263,7 @@ func (p *Prober) track(all map[cache.Key]*tracked, due *queue, in *registryv1.In
 		inst: in, machine: health.NewMachine(th, state, since), slow: th.Slow, interval: interval,
 		// The first probe of each instance lands somewhere in its first
 		// interval, so a takeover does not probe everything at once.
-		nextAt: now.Add(rand.N(interval)), index: -1,
+		nextAt: now.Add(rand.N(interval)),
 	}
 	all[cache.Key{Service: in.Service, ID: in.Id}] = t
 	heap.Push(due, t)
