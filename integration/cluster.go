@@ -271,12 +271,13 @@ func (c *Cluster) Compact(h *History) int64 {
 }
 
 // PutJunk writes a value under the instances prefix that is not a valid
-// record.
-func (c *Cluster) PutJunk(key, value string) {
-	c.t.Helper()
+// record. It may fail during a fault (etcd without a leader); it is called
+// from the workload's goroutine, so it reports rather than fails the test.
+func (c *Cluster) PutJunk(key, value string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := c.Etcd.Put(ctx, key, value); err != nil {
-		c.t.Fatal(err)
+		return fmt.Errorf("put junk %s: %w", key, err)
 	}
+	return nil
 }

@@ -346,7 +346,9 @@ func TestConcurrentDrainsAndProbes(t *testing.T) {
 func TestJunkRecords(t *testing.T) {
 	e := setup(t, options{every: 50 * time.Millisecond})
 	for i := range 10 {
-		e.cl.PutJunk(fmt.Sprintf("/registry/v1/instances/orders/junk-x%d", i), "\xff\xfe garbage")
+		if err := e.cl.PutJunk(fmt.Sprintf("/registry/v1/instances/orders/junk-x%d", i), "\xff\xfe garbage"); err != nil {
+			t.Fatal(err)
+		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	time.Sleep(2 * time.Second)

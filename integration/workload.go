@@ -77,7 +77,7 @@ type Workload struct {
 	// Counts of what was done.
 	Registered, Graceful, Crashed, Drains, Undrains, Flaps, Junk int
 	// Junk, if set, is called to write a junk record.
-	JunkWriter func(key, value string)
+	JunkWriter func(key, value string) error
 	// Meta is set on every instance registered (big values make big
 	// records, to fill flow-control windows fast).
 	Meta map[string]string
@@ -214,7 +214,9 @@ func (w *Workload) Step(ctx context.Context) {
 			w.Junk++
 			k := w.keys.Instance("orders", fmt.Sprintf("junk-%d", w.Junk))
 			w.mu.Unlock()
-			w.JunkWriter(k, "not a record")
+			if err := w.JunkWriter(k, "not a record"); err != nil {
+				w.t.Logf("workload: %v", err) // etcd down during a fault: fine
+			}
 		}
 	}
 }
