@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/regcluster/registry/internal/etcdtest"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/store"
 )
@@ -152,5 +154,55 @@ func TestUpdateIfRetriesConflictWhileGuardHolds(t *testing.T) {
 	}
 	if _, _, lease, _ := rawKey(t, cli, s.Keys().Instance("orders", "a")); lease != reg.LeaseID {
 		t.Fatalf("key's lease after a guarded update = %x, want the registration's %x", lease, reg.LeaseID)
+	}
+}
+
+// A writer whose link to etcd is paused while its guard is lost: the write
+// it sent is held in the link, reaches etcd after the deposition, and is
+// refused there; nothing lands.
+func TestUpdateIfHeldInPausedLinkIsRefused(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	p := etcdtest.NewProxy(t, m.ClientURL)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.URL()}, DialTimeout: 2 * time.Second, Logger: etcdtest.QuietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s, err := store.New(store.Config{Client: cli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
+		t.Fatal(err)
+	}
+	key := s.Keys().Instance("orders", "a")
+	h := hold(t, direct, "/test/leader")
+	before, mod0, _, _ := rawKey(t, direct, key)
+
+	p.Pause()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := s.UpdateIf(ctx, "orders", "a", h.guard, func(in *registryv1.Instance) error {
+			in.Health = &registryv1.Health{State: registryv1.HealthState_HEALTH_STATE_UNAVAILABLE, Observer: "cut-off"}
+			return nil
+		})
+		done <- err
+	}()
+	h.depose(t, direct)
+	_, _, _, head := rawKey(t, direct, key)
+	p.Resume()
+	select {
+	case err := <-done:
+		if !errors.Is(err, store.ErrGuard) {
+			t.Fatalf("write held in a paused link past the deposition: %v, want ErrGuard", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("UpdateIf did not return after the link came back")
+	}
+	after, mod1, _, now := rawKey(t, direct, key)
+	if after != before || mod1 != mod0 || now != head {
+		t.Fatalf("the refused write landed: record mod %d -> %d, etcd at %d -> %d", mod0, mod1, head, now)
 	}
 }
