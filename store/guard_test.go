@@ -23,7 +23,10 @@ type holder struct {
 
 func hold(t *testing.T, cli *clientv3.Client, key string) *holder {
 	t.Helper()
-	ctx := context.Background()
+	// Bounded: an update that retried a failed guard would spin until
+	// its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	g, err := cli.Grant(ctx, 30)
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +68,10 @@ func rawKey(t *testing.T, cli *clientv3.Client, key string) (val string, mod, le
 // write, UpdateIf says ErrGuard at once (no retry), and nothing lands.
 func TestUpdateIfRefusedWhenGuardNoLongerHolds(t *testing.T) {
 	s, cli, _ := newStore(t)
-	ctx := context.Background()
+	// Bounded: an update that retried a failed guard would spin until
+	// its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	reg, err := s.Register(ctx, inst("orders", "a"), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +126,10 @@ func TestUpdateIfRefusedWhenGuardNoLongerHolds(t *testing.T) {
 // lease.
 func TestUpdateIfRetriesConflictWhileGuardHolds(t *testing.T) {
 	s, cli, _ := newStore(t)
-	ctx := context.Background()
+	// Bounded: an update that retried a failed guard would spin until
+	// its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	reg, err := s.Register(ctx, inst("orders", "a"), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +182,10 @@ func TestUpdateIfHeldInPausedLinkIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
+	// Bounded: an update that retried a failed guard would spin until
+	// its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	if _, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
 		t.Fatal(err)
 	}
