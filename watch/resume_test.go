@@ -62,8 +62,9 @@ func TestResumeAfterWatchCanceled(t *testing.T) {
 	f.mu.Unlock()
 
 	// No quorum: the member the watcher follows cancels its watch.
+	r0 := f.restarts("error")
 	c.CutPeers()
-	waitFor(t, 30*time.Second, "etcd to cancel the watch for want of a leader", func() bool { return f.restarts("error") > 0 })
+	waitFor(t, 30*time.Second, "the watch to end for want of a leader", func() bool { return f.restarts("error") > r0 })
 	p.Cut()
 	c.HealPeers()
 	c.WaitLeader(t, direct, 30*time.Second)
