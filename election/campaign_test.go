@@ -97,8 +97,10 @@ func TestNoLeadOnKeyLostWhileCampaigning(t *testing.T) {
 }
 
 // A candidate whose session expires while it waits in Campaign (its link
-// to etcd paused past the TTL), while the leader steps down: once its link
-// is back, it never leads on the expired key, and leads under a new one.
+// to etcd paused past the TTL): once its link is back, it gives up that
+// campaign and stands again under a new session while the leader still
+// leads, and when the leader steps down it leads under the new key, never
+// on the expired one.
 func TestNoLeadOnSessionExpiredWhileCampaigning(t *testing.T) {
 	m := etcdtest.Start(t, false)
 	observer := m.Client(t)
@@ -121,15 +123,23 @@ func TestNoLeadOnSessionExpiredWhileCampaigning(t *testing.T) {
 	if resp, err := observer.Get(context.Background(), key); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("b's key %s outlived its lease: %v", key, err)
 	}
-	a.stop()
 	p.Resume()
-	waitFor(t, 20*time.Second, "b to lead under a new key", func() bool {
+	// Still a candidate: a new key, under a new lease, behind a's.
+	_, rev2, lease2 := candidateKey(t, observer, a.leading.Load().Rev)
+	if lease2 == lease || rev2 <= rev {
+		t.Fatalf("b stands again under lease %x (key rev %d), its expired one was %x (rev %d)", lease2, rev2, lease, rev)
+	}
+	if fences, _ := g.terms(); len(fences) != 0 {
+		t.Fatalf("b led while a still led: terms %v", fences)
+	}
+	a.stop()
+	waitFor(t, 20*time.Second, "b to lead", func() bool {
 		fences, _ := g.terms()
 		return len(fences) > 0
 	})
 	fences, dead := g.terms()
-	if len(dead) > 0 || fences[0] == rev {
-		t.Fatalf("b led under its expired key (fence %d): dead terms %v, all terms %v", rev, dead, fences)
+	if len(dead) > 0 || fences[0] != rev2 {
+		t.Fatalf("b led under fence %d, want its live key's %d (expired %d): dead terms %v", fences[0], rev2, rev, dead)
 	}
 	b.stop()
 }
