@@ -364,7 +364,9 @@ func TestProberFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 		if sig == syscall.SIGTERM {
-			p.p.wait(t, 20*time.Second)
+			if code := p.p.wait(t, 20*time.Second); code != 0 {
+				t.Fatalf("%s exited %d after SIGTERM; stderr:\n%s", old.Name, code, p.p.stderr)
+			}
 			resp, err := cli.Get(context.Background(), record.NewKeys("").Election()+"/", clientv3.WithPrefix())
 			if err != nil {
 				t.Fatal(err)
