@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
@@ -138,15 +139,11 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 		s.revoke(lease)
 		return nil, err
 	}
+	// The record and its saved state as last read (at one revision). The
+	// first attempt guesses a first registration, neither of them there,
+	// so it takes one round trip; a wrong guess reads both in its Else.
+	var ikvs, skvs []*mvccpb.KeyValue
 	for {
-		// The record and its saved state, read at one revision.
-		rd, err := s.cli.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(skey)).Commit()
-		if err != nil {
-			s.revoke(lease)
-			return nil, fmt.Errorf("register %s: read the current record: %w", key, err)
-		}
-		ikvs := rd.Responses[0].GetResponseRange().Kvs
-		skvs := rd.Responses[1].GetResponseRange().Kvs
 		var stateRev int64
 		var saved *registryv1.Instance
 		if len(skvs) > 0 {
@@ -197,13 +194,17 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 		}
 		resp, err := s.cli.Txn(ctx).If(cmps...).
 			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease)), clientv3.OpPut(skey, sval)).
+			Else(clientv3.OpGet(key), clientv3.OpGet(skey)).
 			Commit()
 		if err != nil {
 			s.revoke(lease)
 			return nil, fmt.Errorf("register %s: %w", key, err)
 		}
 		if !resp.Succeeded {
-			continue // written meanwhile: read again
+			// Not as read (or guessed): go again from what is there now.
+			ikvs = resp.Responses[0].GetResponseRange().Kvs
+			skvs = resp.Responses[1].GetResponseRange().Kvs
+			continue
 		}
 		if oldLease != 0 && oldLease != int64(lease) {
 			s.revoke(clientv3.LeaseID(oldLease))
