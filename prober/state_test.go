@@ -2,8 +2,10 @@ package prober_test
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,4 +160,66 @@ func apiOf(t *testing.T, rn *regnodetest.Regnode) registryv1.RegistryClient {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c.API()
+}
+
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A leader whose fence no longer holds deletes no saved state: the fence
+// refuses the delete, and the sweep stops.
+func TestDeposedLeaderSweepsNothing(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	cli := m.Client(t)
+	st, err := store.New(store.Config{Client: cli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	reg, err := st.Register(ctx, &registryv1.Instance{Service: "orders", Id: "gone", Address: "127.0.0.1:1", Incarnation: "x"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(reg.LeaseID)); err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	pb := probe.New(probe.Config{})
+	defer pb.Close()
+	p, err := prober.New(prober.Config{Store: st, View: cache.New().Snapshot, Probe: pb, OrphanRetention: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	// A leadership whose key is gone: what a paused leader holds after its
+	// session expired.
+	go func() {
+		done <- p.Lead(lctx, &election.Leadership{Key: record.NewKeys("").Election() + "/expired", Rev: 2})
+	}()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "sweep refused by the fence") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sweep never met the fence; logs:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp, err := cli.Get(ctx, st.StateKey("orders", "gone")); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("a deposed leader deleted the saved state: %v, %v", resp, err)
+	}
 }
