@@ -226,7 +226,9 @@ func sdkRegister(t *testing.T, c *client.Client, id, addr string, check *registr
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = reg.Close(ctx)
+		if err := reg.Close(ctx); err != nil {
+			t.Errorf("close the registration of %s: %v", id, err)
+		}
 	})
 	return reg
 }
