@@ -227,10 +227,10 @@ func Normalize(inst *registryv1.Instance) {
 // Routable reports whether callers may send inst new requests: lifecycle
 // SERVING and health HEALTHY or DEGRADED, or UNKNOWN only when inst has no
 // check (kind NONE: nothing will ever probe it). An instance with a check is
-// not routable until its first successful probe (readiness semantics), and
-// an instance never seen healthy goes from UNKNOWN to UNAVAILABLE, never
-// through DEGRADED. DRAINING, STARTING and UNAVAILABLE instances are never
-// routable.
+// not routable until its first successful probe (readiness semantics): one
+// that fails its probes before ever answering goes from UNKNOWN straight to
+// UNAVAILABLE, never through DEGRADED. DRAINING, STARTING and UNAVAILABLE
+// instances are never routable.
 func Routable(inst *registryv1.Instance) bool {
 	if inst.GetLifecycle() != registryv1.Lifecycle_LIFECYCLE_SERVING {
 		return false
