@@ -13,10 +13,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
@@ -36,18 +38,19 @@ type Config struct {
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// DialOptions are added to the defaults (insecure transport,
-	// round robin over Endpoints).
+	// round robin over Endpoints, keepalive pings) and win over them.
 	DialOptions []grpc.DialOption
 }
 
 // Client is a connection to the regnodes of one registry. It is safe for
 // concurrent use; Close it when done.
 type Client struct {
-	cc     *grpc.ClientConn
-	api    registryv1.RegistryClient
-	log    *slog.Logger
-	ctx    context.Context // ends on Close: the lifetime of shared subscriptions
-	cancel context.CancelFunc
+	cc        *grpc.ClientConn
+	api       registryv1.RegistryClient
+	endpoints int // how many regnodes cc balances over
+	log       *slog.Logger
+	ctx       context.Context // ends on Close: the lifetime of shared subscriptions
+	cancel    context.CancelFunc
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -55,6 +58,14 @@ type Client struct {
 }
 
 var errClientClosed = errors.New("registry client closed")
+
+// clientKeepalive pings a regnode connection that has been quiet for 10s
+// (grpc-go's floor for clients; regnode permits 5s) and drops it when no
+// answer comes within 3s, so a paused regnode or a half-open connection
+// leaves round robin instead of taking new calls for good. A subscription
+// does not wait for this: its receive deadline (SubscribeOptions) moves it
+// sooner.
+var clientKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}
 
 var schemeSeq atomic.Int64
 
@@ -81,6 +92,7 @@ func New(cfg Config) (*Client, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithKeepaliveParams(clientKeepalive),
 	}, cfg.DialOptions...)
 	cc, err := grpc.NewClient(r.Scheme()+":///regnodes", opts...)
 	if err != nil {
@@ -91,7 +103,7 @@ func New(cfg Config) (*Client, error) {
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
+	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), endpoints: len(addrs), log: log, ctx: ctx, cancel: cancel,
 		shared: map[string]*shared{}}, nil
 }
 

@@ -44,6 +44,17 @@ type SubscribeOptions struct {
 	// MinBackoff and MaxBackoff bound the wait between reconnects
 	// (defaults 50ms and 2s), jittered.
 	MinBackoff, MaxBackoff time.Duration
+
+	// Liveness (liveness.go).
+
+	// ReceiveDeadline: a stream that brings no message for this long is
+	// given up (Connected turns false) and the subscription resumes at
+	// once on another regnode if one answers (default
+	// DefaultReceiveDeadline; at least MinReceiveDeadline).
+	ReceiveDeadline time.Duration
+	// OnConnection, if set, is called on the subscription's goroutine each
+	// time Freshness().Connected changes, with the new freshness.
+	OnConnection func(Freshness)
 }
 
 // Freshness says how current a subscription's view is.
@@ -56,7 +67,8 @@ type Freshness struct {
 	// ConfirmedAt is when a regnode last confirmed Revision (an event,
 	// snapshot or progress message).
 	ConfirmedAt time.Time
-	// Connected is true while a Watch stream is open.
+	// Connected is true while a Watch stream is open and has delivered a
+	// message within the receive deadline.
 	Connected bool
 }
 
@@ -85,6 +97,11 @@ type Subscription struct {
 		reconnect int
 		stream    context.CancelFunc // cancels the current Watch stream
 	}
+	// live is the liveness state, owned by the subscription's goroutine.
+	live struct {
+		stalled string // the regnode whose stream last stalled
+		skipped int    // streams dropped since because they landed on it
+	}
 }
 
 // resync ends the current stream; the subscription resumes at once from
@@ -111,6 +128,9 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 	}
 	if opts.MaxBackoff <= 0 {
 		opts.MaxBackoff = 2 * time.Second
+	}
+	if err := opts.validateLiveness(); err != nil {
+		return nil, err
 	}
 	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}), done: make(chan struct{})}
 	s.mu.listeners = map[int]func(Change){}
@@ -218,10 +238,23 @@ func (s *Subscription) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errAvoided) {
+			attempt-- // not a failure: the next regnode is tried at once
+			continue
+		}
+		s.setConnected(false, err)
 		s.mu.Lock()
-		s.mu.lastErr, s.mu.fresh.Connected = err, false
 		s.mu.reconnect++
 		s.mu.Unlock()
+		var stall *stallError
+		if errors.As(err, &stall) {
+			// A stalled regnode is not overloaded, just gone: resume on
+			// another at once.
+			s.c.log.Warn("subscription stalled; resuming on another regnode", "service", s.service, "revision", s.cache.Revision(), "err", err)
+			s.live.stalled, s.live.skipped = stall.peer, 0
+			attempt = -1
+			continue
+		}
 		if err == nil {
 			attempt = 0
 		}
@@ -255,13 +288,24 @@ func (s *Subscription) stream(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	at := peerOf(ws)
+	if s.avoidStalled(at) {
+		return errAvoided
+	}
+	deadline := newDeadline(s.opts.ReceiveDeadline, cancel)
+	defer deadline.disarm()
 	var (
 		chunks  []*registryv1.Instance
 		gotSome bool
 	)
 	for {
+		deadline.arm()
 		resp, err := ws.Recv()
+		deadline.disarm()
 		if err != nil {
+			if stall := deadline.err(at); stall != nil {
+				return stall
+			}
 			if status.Code(err) == codes.InvalidArgument {
 				s.c.log.Error("subscription refused", "service", s.service, "err", err)
 			}
@@ -274,9 +318,10 @@ func (s *Subscription) stream(ctx context.Context) error {
 			return err
 		}
 		if !gotSome {
-			s.mu.Lock()
-			s.mu.fresh.Connected, s.mu.lastErr = true, nil
-			s.mu.Unlock()
+			if at != s.live.stalled {
+				s.live.stalled, s.live.skipped = "", 0 // a regnode that answers
+			}
+			s.setConnected(true, nil)
 		}
 		gotSome = true
 		var b cache.Batch
