@@ -135,3 +135,11 @@ func (s *Subscription) setConnected(connected bool, err error) {
 		s.opts.OnConnection(f)
 	}
 }
+
+// unhealthy is true when the view is not being confirmed: no stream, or
+// none of its messages for longer than the receive deadline (a stall the
+// deadline is about to act on).
+func (s *Subscription) unhealthy(now time.Time) bool {
+	f := s.Freshness()
+	return !f.Connected || now.Sub(f.ConfirmedAt) > s.opts.ReceiveDeadline
+}

@@ -102,15 +102,21 @@ type Subscription struct {
 		stalled string // the regnode whose stream last stalled
 		skipped int    // streams dropped since because they landed on it
 	}
+	wake chan struct{} // resync: cut the wait before the next stream short
 }
 
-// resync ends the current stream; the subscription resumes at once from
-// its revision, on whichever regnode answers.
+// resync ends the current stream, or the wait before the next one; the
+// subscription resumes at once from its revision, on whichever regnode
+// answers.
 func (s *Subscription) resync() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.stream != nil {
 		s.mu.stream()
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -132,7 +138,8 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 	if err := opts.validateLiveness(); err != nil {
 		return nil, err
 	}
-	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}), done: make(chan struct{})}
+	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1)}
 	s.mu.listeners = map[int]func(Change){}
 	if opts.OnChange != nil {
 		s.mu.listeners[0] = opts.OnChange
@@ -266,6 +273,8 @@ func (s *Subscription) run(ctx context.Context) {
 		t := time.NewTimer(d/2 + rand.N(d/2+1))
 		select {
 		case <-t.C:
+		case <-s.wake:
+			t.Stop()
 		case <-ctx.Done():
 			t.Stop()
 			return
