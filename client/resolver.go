@@ -32,7 +32,18 @@ const (
 	AttrHealth attrKey = "registry.health"
 	// AttrID holds the instance id (string).
 	AttrID attrKey = "registry.id"
+	// AttrRevision, on a resolver.State's Attributes, holds the etcd
+	// revision of the view the state was made from (int64).
+	AttrRevision attrKey = "registry.revision"
 )
+
+// StateRevision is the etcd revision of the view a resolver state of
+// this package was made from (0 if it carries none). States reach grpc in
+// revision order (across an etcd restore, a NewEpoch view starts over).
+func StateRevision(s resolver.State) int64 {
+	r, _ := s.Attributes.Value(AttrRevision).(int64)
+	return r
+}
 
 // Weight returns the effective weight of a resolved address (0 if unset).
 func Weight(a resolver.Address) uint32 {
@@ -182,7 +193,7 @@ func (r *regResolver) push() {
 		return
 	}
 	r.pushed = v
-	_ = r.cc.UpdateState(resolver.State{Addresses: v.addrs})
+	_ = r.cc.UpdateState(resolver.State{Addresses: v.addrs, Attributes: attributes.New(AttrRevision, v.rev)})
 }
 
 // run owns UpdateState until Close.

@@ -237,6 +237,7 @@ type stateRecorder struct {
 	cc     balancer.ClientConn
 	mu     sync.Mutex
 	states [][]string // sorted addresses of each state
+	revs   []int64    // client.StateRevision of each state
 }
 
 const recorderName = "registry_test_recorder"
@@ -261,6 +262,7 @@ func (r *stateRecorder) UpdateClientConnState(s balancer.ClientConnState) error 
 	slices.Sort(addrs)
 	r.mu.Lock()
 	r.states = append(r.states, addrs)
+	r.revs = append(r.revs, client.StateRevision(s.ResolverState))
 	r.mu.Unlock()
 	return nil
 }
@@ -274,6 +276,12 @@ func (r *stateRecorder) recorded() [][]string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.states)
+}
+
+func (r *stateRecorder) revisions() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.revs)
 }
 
 func init() { balancer.Register(recorderBuilder{}) }
@@ -331,7 +339,10 @@ func TestResolverUpdatesInRevisionOrder(t *testing.T) {
 	waitFor(t, 10*time.Second, "the first state", func() bool { return len(rec.recorded()) > 0 })
 	ended := watchStreamsEnded(t, rn)
 
-	var wg sync.WaitGroup
+	var (
+		wg      sync.WaitGroup
+		lastPut atomic.Int64
+	)
 	writing := make(chan struct{})
 	var resolveNows atomic.Int64
 	wg.Add(2)
@@ -345,10 +356,12 @@ func TestResolverUpdatesInRevisionOrder(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			if _, err := rn.Etcd.Put(context.Background(), keys.Instance("orders", fmt.Sprintf("o-%03d", i)), string(b)); err != nil {
+			resp, err := rn.Etcd.Put(context.Background(), keys.Instance("orders", fmt.Sprintf("o-%03d", i)), string(b))
+			if err != nil {
 				t.Error(err)
 				return
 			}
+			lastPut.Store(resp.Header.Revision)
 		}
 	}()
 	go func() {
@@ -381,6 +394,15 @@ func TestResolverUpdatesInRevisionOrder(t *testing.T) {
 			t.Fatalf("state %d of %d has %d instances after one with %d: an older view after a newer one", i, len(states), len(st), prev)
 		}
 		prev = len(st)
+	}
+	revs := rec.revisions()
+	for i := 1; i < len(revs); i++ {
+		if revs[i] < revs[i-1] {
+			t.Fatalf("state %d carries revision %d after %d", i, revs[i], revs[i-1])
+		}
+	}
+	if last := revs[len(revs)-1]; last != lastPut.Load() {
+		t.Fatalf("the last state carries revision %d, the last put was at %d", last, lastPut.Load())
 	}
 	if got := watchStreamsEnded(t, rn) - ended; got != 0 {
 		t.Fatalf("%d ResolveNow calls on a healthy subscription ended %d Watch streams, want 0", resolveNows.Load(), got)
