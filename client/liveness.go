@@ -128,7 +128,13 @@ func (s *Subscription) avoidStalled(at string) bool {
 func (s *Subscription) setConnected(connected bool, err error) {
 	s.mu.Lock()
 	changed := s.mu.fresh.Connected != connected
-	s.mu.fresh.Connected, s.mu.lastErr = connected, err
+	s.mu.fresh.Connected = connected
+	switch {
+	case connected:
+		s.mu.lastErr = nil
+	case err != nil: // else the stream already recorded why it ended
+		s.mu.lastErr = err
+	}
 	f := s.mu.fresh
 	s.mu.Unlock()
 	if changed && s.opts.OnConnection != nil {
