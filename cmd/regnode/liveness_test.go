@@ -110,7 +110,7 @@ func TestPausedRegnodeSubscriberMovesOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer attached.p.cmd.Process.Signal(syscall.SIGCONT)
-	paused := len(tr.snapshot())
+	pausedAt, paused := time.Now(), len(tr.snapshot())
 
 	oc, err := client.New(client.Config{Endpoints: []string{other.api}})
 	if err != nil {
@@ -149,7 +149,8 @@ func TestPausedRegnodeSubscriberMovesOn(t *testing.T) {
 			if f := sub.Freshness(); !f.Connected {
 				t.Fatalf("subscriber not connected after catching up: %+v", f)
 			}
-			t.Logf("after the pause: %q", log[paused:])
+			// Reported, not asserted: the order above is the contract.
+			t.Logf("after the pause: %q; the change was seen %s after SIGSTOP", log[paused:], time.Since(pausedAt).Round(10*time.Millisecond))
 			return
 		}
 		select {
