@@ -37,20 +37,20 @@ type Config struct {
 	Endpoints []string
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
-	// DialOptions are added to the defaults (insecure transport,
-	// round robin over Endpoints, keepalive pings) and win over them.
+	// DialOptions are added to the defaults (insecure transport, round
+	// robin over Endpoints that steers a resuming subscription off a
+	// stalled regnode, keepalive pings) and win over them.
 	DialOptions []grpc.DialOption
 }
 
 // Client is a connection to the regnodes of one registry. It is safe for
 // concurrent use; Close it when done.
 type Client struct {
-	cc        *grpc.ClientConn
-	api       registryv1.RegistryClient
-	endpoints int // how many regnodes cc balances over
-	log       *slog.Logger
-	ctx       context.Context // ends on Close: the lifetime of shared subscriptions
-	cancel    context.CancelFunc
+	cc     *grpc.ClientConn
+	api    registryv1.RegistryClient
+	log    *slog.Logger
+	ctx    context.Context // ends on Close: the lifetime of shared subscriptions
+	cancel context.CancelFunc
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -91,7 +91,7 @@ func New(cfg Config) (*Client, error) {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(r),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"` + regnodePolicy + `":{}}]}`),
 		grpc.WithKeepaliveParams(clientKeepalive),
 	}, cfg.DialOptions...)
 	cc, err := grpc.NewClient(r.Scheme()+":///regnodes", opts...)
@@ -103,7 +103,7 @@ func New(cfg Config) (*Client, error) {
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), endpoints: len(addrs), log: log, ctx: ctx, cancel: cancel,
+	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
 		shared: map[string]*shared{}}, nil
 }
 

@@ -7,9 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/peer"
-
 	"github.com/regcluster/registry/record"
 )
 
@@ -47,7 +44,8 @@ func (o *SubscribeOptions) validateLiveness() error {
 	return nil
 }
 
-// stallError says which regnode stalled, so the next stream avoids it.
+// stallError says which regnode stalled, so the next stream avoids it
+// (regnodePolicy, pick.go).
 type stallError struct {
 	peer     string
 	deadline time.Duration
@@ -58,10 +56,6 @@ func (e *stallError) Error() string {
 }
 
 func (e *stallError) Unwrap() error { return ErrStalled }
-
-// errAvoided ends a stream that landed on the regnode that just stalled
-// while others may answer; the next attempt goes to the next one.
-var errAvoided = errors.New("stream landed on the regnode that stalled; trying another")
 
 // receiveDeadline cancels a stream that waits longer than d for a
 // message. It runs only while the stream waits in Recv: the time a slow
@@ -95,32 +89,6 @@ func (rd *receiveDeadline) err(peer string) error {
 		return nil
 	}
 	return &stallError{peer: peer, deadline: rd.d}
-}
-
-// peerOf is the address of the regnode a stream went to ("" if unknown).
-func peerOf(cs grpc.ClientStream) string {
-	if p, ok := peer.FromContext(cs.Context()); ok && p.Addr != nil {
-		return p.Addr.String()
-	}
-	return ""
-}
-
-// avoidStalled is called with the regnode a new stream went to; true means
-// drop it and try the next (round robin moves on), because that regnode
-// stalled the last stream and another may answer. Once every other
-// regnode was tried, the stalled one is accepted again. Only the
-// subscription's goroutine calls it.
-func (s *Subscription) avoidStalled(at string) bool {
-	lv := &s.live
-	if lv.stalled == "" || at != lv.stalled {
-		return false
-	}
-	if lv.skipped >= s.c.endpoints-1 {
-		lv.stalled, lv.skipped = "", 0
-		return false
-	}
-	lv.skipped++
-	return true
 }
 
 // setConnected records a change of Connected and tells OnConnection.

@@ -99,8 +99,7 @@ type Subscription struct {
 	}
 	// live is the liveness state, owned by the subscription's goroutine.
 	live struct {
-		stalled string // the regnode whose stream last stalled
-		skipped int    // streams dropped since because they landed on it
+		stalled string // the regnode whose stream last stalled: the next avoids it
 	}
 	wake chan struct{} // resync: cut the wait before the next stream short
 }
@@ -245,10 +244,6 @@ func (s *Subscription) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errAvoided) {
-			attempt-- // not a failure: the next regnode is tried at once
-			continue
-		}
 		s.setConnected(false, err)
 		s.mu.Lock()
 		s.mu.reconnect++
@@ -258,7 +253,7 @@ func (s *Subscription) run(ctx context.Context) {
 			// A stalled regnode is not overloaded, just gone: resume on
 			// another at once.
 			s.c.log.Warn("subscription stalled; resuming on another regnode", "service", s.service, "revision", s.cache.Revision(), "err", err)
-			s.live.stalled, s.live.skipped = stall.peer, 0
+			s.live.stalled = stall.peer
 			attempt = -1
 			continue
 		}
@@ -293,14 +288,12 @@ func (s *Subscription) stream(ctx context.Context) error {
 	s.mu.stream = cancel
 	s.mu.Unlock()
 	from := s.cache.Revision()
-	ws, err := s.c.api.Watch(sctx, &registryv1.WatchRequest{Service: s.service, FromRevision: from})
+	note := &pickNote{avoid: s.live.stalled}
+	ws, err := s.c.api.Watch(withPickNote(sctx, note), &registryv1.WatchRequest{Service: s.service, FromRevision: from})
 	if err != nil {
 		return err
 	}
-	at := peerOf(ws)
-	if s.avoidStalled(at) {
-		return errAvoided
-	}
+	at := note.Picked()
 	deadline := newDeadline(s.opts.ReceiveDeadline, cancel)
 	defer deadline.disarm()
 	var (
@@ -327,9 +320,7 @@ func (s *Subscription) stream(ctx context.Context) error {
 			return err
 		}
 		if !gotSome {
-			if at != s.live.stalled {
-				s.live.stalled, s.live.skipped = "", 0 // a regnode that answers
-			}
+			s.live.stalled = "" // a regnode answers
 			s.setConnected(true, nil)
 		}
 		gotSome = true

@@ -160,3 +160,74 @@ func TestPausedRegnodeSubscriberMovesOn(t *testing.T) {
 		}
 	}
 }
+
+// Several subscriptions of one Client stall together when their regnode is
+// paused, and resume at the same moment: each moves to the other regnode
+// at its first attempt (the Client's picker steers a resuming stream off
+// the regnode that stalled it), instead of landing on the paused one again
+// whenever another subscription's pick came in between.
+func TestPausedRegnodeEverySubscriptionMovesOnce(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	rs := cluster(t, m.ClientURL, 2)
+	c, err := client.New(client.Config{Endpoints: []string{rs[0].api, rs[1].api}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 8
+	var subs []*client.Subscription
+	for i := range n {
+		sub, err := c.Subscribe(context.Background(), fmt.Sprintf("svc-%d", i), client.SubscribeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Close()
+		if err := sub.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+	}
+	// Pause the regnode holding the most subscriptions.
+	counts := []int{metric(t, rs[0], `registry_subscribers`), metric(t, rs[1], `registry_subscribers`)}
+	if counts[0]+counts[1] != n {
+		t.Fatalf("subscribers %v, want %d in all", counts, n)
+	}
+	p, other := rs[0], rs[1]
+	if counts[1] > counts[0] {
+		p, other = rs[1], rs[0]
+	}
+	moving := max(counts[0], counts[1])
+	if err := p.p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer p.p.cmd.Process.Signal(syscall.SIGCONT)
+	for metric(t, other, `registry_subscribers`) != n {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d subscriptions on %s", metric(t, other, `registry_subscribers`), n, other.name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, sub := range subs {
+		for !sub.Freshness().Connected {
+			if ctx.Err() != nil {
+				t.Fatalf("subscription of %s not connected again", sub.Service())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// Each stream that ended is one reconnect: a subscription that went
+	// back to the paused regnode would count two.
+	total := 0
+	for _, sub := range subs {
+		r := sub.Stats().Reconnects
+		if r > 1 {
+			t.Errorf("subscription of %s reconnected %d times, want at most once", sub.Service(), r)
+		}
+		total += r
+	}
+	if total != moving {
+		t.Errorf("%d reconnects, want one for each of the %d subscriptions on the paused regnode", total, moving)
+	}
+}
