@@ -32,7 +32,7 @@ const MinReceiveDeadline = 2 * time.Second
 // receive deadline; the subscription has moved on from it.
 var ErrStalled = errors.New("regnode sent nothing within the receive deadline")
 
-// validate checks the liveness options and fills their defaults.
+// validateLiveness checks the liveness options and fills their defaults.
 func (o *SubscribeOptions) validateLiveness() error {
 	switch {
 	case o.ReceiveDeadline == 0:
