@@ -95,6 +95,7 @@ type Subscription struct {
 		lastErr   error
 		resets    int
 		reconnect int
+		resyncs   int
 		stream    context.CancelFunc // cancels the current Watch stream
 	}
 	// live is the liveness state, owned by the subscription's goroutine.
@@ -110,6 +111,7 @@ type Subscription struct {
 func (s *Subscription) resync() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.mu.resyncs++
 	if s.mu.stream != nil {
 		s.mu.stream()
 	}
@@ -203,14 +205,16 @@ func (s *Subscription) Changes() <-chan Change { return s.changes }
 // Stats counts what the subscription went through.
 type Stats struct {
 	Resets, Reconnects int
-	Cache              cache.Stats
+	// Resyncs counts the resyncs asked of it (by a resolver's ResolveNow).
+	Resyncs int
+	Cache   cache.Stats
 }
 
 // Stats returns the subscription's counters.
 func (s *Subscription) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Resets: s.mu.resets, Reconnects: s.mu.reconnect, Cache: s.cache.Stats()}
+	return Stats{Resets: s.mu.resets, Reconnects: s.mu.reconnect, Resyncs: s.mu.resyncs, Cache: s.cache.Stats()}
 }
 
 // listen adds a listener of changes (called on the subscription's
