@@ -75,3 +75,45 @@ func TestKeepaliveEndsASilentStream(t *testing.T) {
 		t.Fatal("the silent stream never ended")
 	}
 }
+
+// An idle registry keeps a subscription connected: regnode's heartbeats
+// (progress, at least once a second) reach it well within its receive
+// deadline, so it never gives up on a healthy regnode. Judged over more
+// heartbeats than fit in one deadline.
+func TestIdleSubscriptionStaysConnected(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c := newClient(t, rn.Addr)
+	beats := make(chan struct{}, 64)
+	sub, err := c.Subscribe(context.Background(), "orders", client.SubscribeOptions{ReceiveDeadline: client.MinReceiveDeadline,
+		OnChange: func(ch client.Change) {
+			if ch.Progress {
+				select {
+				case beats <- struct{}{}:
+				default:
+				}
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := sub.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := time.Now()
+	for n := 0; n < 8 || time.Since(first) < 2*client.MinReceiveDeadline; n++ {
+		select {
+		case <-beats:
+		case <-ctx.Done():
+			t.Fatalf("%d heartbeats, then none (stats %+v)", n, sub.Stats())
+		}
+	}
+	if st := sub.Stats(); st.Reconnects != 0 {
+		t.Fatalf("an idle subscription reconnected %d times (last error %v)", st.Reconnects, sub.LastError())
+	}
+	if !sub.Freshness().Connected {
+		t.Fatal("an idle subscription is not connected")
+	}
+}
