@@ -178,8 +178,9 @@ func TestResolversShareOneSubscription(t *testing.T) {
 			return cc.GetState() != connectivity.Idle
 		})
 	}
-	// ResolveNow makes the shared subscription resync, so its stream may
-	// be between two regnode streams for a moment: never more than one.
+	// An unhealthy shared subscription resyncs on ResolveNow, so its
+	// stream may be between two regnode streams for a moment: never more
+	// than one.
 	waitFor(t, 5*time.Second, "one subscription", func() bool { return rn.Node.Hub().Subscribers() == 1 })
 	for range 20 {
 		if n := rn.Node.Hub().Subscribers(); n > 1 {
