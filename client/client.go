@@ -13,10 +13,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
@@ -35,8 +37,9 @@ type Config struct {
 	Endpoints []string
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
-	// DialOptions are added to the defaults (insecure transport,
-	// round robin over Endpoints).
+	// DialOptions are added to the defaults (insecure transport, round
+	// robin over Endpoints that steers a resuming subscription off a
+	// stalled regnode, keepalive pings) and win over them.
 	DialOptions []grpc.DialOption
 }
 
@@ -55,6 +58,14 @@ type Client struct {
 }
 
 var errClientClosed = errors.New("registry client closed")
+
+// clientKeepalive pings a regnode connection that has been quiet for 10s
+// (grpc-go's floor for clients; regnode permits 5s) and drops it when no
+// answer comes within 3s, so a paused regnode or a half-open connection
+// leaves round robin instead of taking new calls for good. A subscription
+// does not wait for this: its receive deadline (SubscribeOptions) moves it
+// sooner.
+var clientKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}
 
 var schemeSeq atomic.Int64
 
@@ -80,7 +91,8 @@ func New(cfg Config) (*Client, error) {
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(r),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"` + regnodePolicy + `":{}}]}`),
+		grpc.WithKeepaliveParams(clientKeepalive),
 	}, cfg.DialOptions...)
 	cc, err := grpc.NewClient(r.Scheme()+":///regnodes", opts...)
 	if err != nil {

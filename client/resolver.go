@@ -1,12 +1,16 @@
 package client
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/attributes"
 	"google.golang.org/grpc/resolver"
+
+	"github.com/regcluster/registry/cache"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -28,7 +32,18 @@ const (
 	AttrHealth attrKey = "registry.health"
 	// AttrID holds the instance id (string).
 	AttrID attrKey = "registry.id"
+	// AttrRevision, on a resolver.State's Attributes, holds the etcd
+	// revision of the view the state was made from (int64).
+	AttrRevision attrKey = "registry.revision"
 )
+
+// StateRevision is the etcd revision of the view a resolver state of
+// this package was made from (0 if it carries none). States reach grpc in
+// revision order (across an etcd restore, a NewEpoch view starts over).
+func StateRevision(s resolver.State) int64 {
+	r, _ := s.Attributes.Value(AttrRevision).(int64)
+	return r
+}
 
 // Weight returns the effective weight of a resolved address (0 if unset).
 func Weight(a resolver.Address) uint32 {
@@ -67,38 +82,78 @@ func (b *builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.Bu
 	if err := record.ValidService(service); err != nil {
 		return nil, err
 	}
-	sub, release, err := b.c.acquire(service)
+	sub, limiter, release, err := b.c.acquire(service)
 	if err != nil {
 		return nil, err
 	}
-	r := &regResolver{cc: cc, sub: sub, release: release, service: service}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &regResolver{cc: cc, sub: sub, service: service, release: release, resync: limiter,
+		kick: make(chan struct{}, 1), now: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	// Changes come in revision order on the subscription's goroutine;
+	// each one's view is built there, from the cache it just updated.
 	r.unlisten = sub.listen(func(ch Change) {
+		if ch.NewEpoch {
+			r.epoch++ // etcd restored: revisions start over, and are newer
+		}
 		if !ch.Progress {
-			r.update()
+			snap := sub.Snapshot() // the state this change made: only this goroutine applies
+			r.offer(view{epoch: r.epoch, rev: snap.Revision(), addrs: r.addresses(snap)})
 		}
 	})
 	select {
 	case <-sub.Ready():
-		r.update()
-	default: // the first snapshot's listener call will update
+		// Read after listening, so no change falls between; if a change
+		// beat this read, offer keeps the newer of the two.
+		snap := sub.Snapshot()
+		r.offer(view{rev: snap.Revision(), addrs: r.addresses(snap)})
+		r.push() // at once, before the pusher starts: a rebuilt resolver is served without a wait
+	default: // the first snapshot's listener call will offer it
 	}
+	go r.run(ctx)
 	return r, nil
 }
 
+// regResolver feeds one gRPC ClientConn. Views of the subscription are
+// offered from any goroutine and kept only if newer than the one waiting;
+// one goroutine (run) owns UpdateState and pushes them in revision order,
+// so grpc never gets an older list after a newer one.
 type regResolver struct {
 	cc       resolver.ClientConn
 	sub      *Subscription
 	service  string
 	release  func()
 	unlisten func()
+	resync   *rate.Limiter // shared by the resolvers of the subscription
+	epoch    int           // NewEpoch resets seen; only the listener touches it
 
-	mu     sync.Mutex
-	closed bool
+	kick   chan struct{} // a view is waiting
+	now    chan struct{} // grpc asked to re-resolve
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu struct {
+		sync.Mutex
+		next *view // the newest view offered and not yet pushed
+	}
+	pushed *view // the last view pushed; only the pushing goroutine touches it
 }
 
-// update pushes the routable instances of the current view to gRPC.
-func (r *regResolver) update() {
-	insts := r.sub.Instances(r.service)
+// view is the routable addresses of the subscription at one revision.
+// Epoch counts NewEpoch resets: a view of a later epoch is newer whatever
+// its revision.
+type view struct {
+	epoch int
+	rev   int64
+	addrs []resolver.Address
+}
+
+func (v *view) newerThan(o *view) bool {
+	return o == nil || v.epoch > o.epoch || (v.epoch == o.epoch && v.rev > o.rev)
+}
+
+// addresses are the routable instances of snap.
+func (r *regResolver) addresses(snap *cache.Snapshot) []resolver.Address {
+	insts := snap.Instances(r.service)
 	addrs := make([]resolver.Address, 0, len(insts))
 	for _, in := range insts {
 		if !record.Routable(in) {
@@ -110,57 +165,105 @@ func (r *regResolver) update() {
 			WithValue(AttrID, in.Id)
 		addrs = append(addrs, resolver.Address{Addr: in.Address, BalancerAttributes: attrs})
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return
-	}
-	_ = r.cc.UpdateState(resolver.State{Addresses: addrs})
+	return addrs
 }
 
-// ResolveNow pushes the current view again and makes the subscription
-// resync with a regnode (resuming from its revision).
-func (r *regResolver) ResolveNow(resolver.ResolveNowOptions) {
-	r.sub.resync()
+// offer keeps v for the pusher unless a newer view is already waiting.
+func (r *regResolver) offer(v view) {
+	r.mu.Lock()
+	if v.newerThan(r.mu.next) {
+		r.mu.next = &v
+	}
+	r.mu.Unlock()
 	select {
-	case <-r.sub.Ready():
-		r.update()
+	case r.kick <- struct{}{}:
 	default:
 	}
 }
 
-func (r *regResolver) Close() {
+// push sends the waiting view to grpc if it is newer than the last one
+// sent. Called by one goroutine at a time: Build before run starts, then
+// run.
+func (r *regResolver) push() {
 	r.mu.Lock()
-	r.closed = true
+	v := r.mu.next
+	r.mu.next = nil
 	r.mu.Unlock()
+	if v == nil || !v.newerThan(r.pushed) {
+		return
+	}
+	r.pushed = v
+	_ = r.cc.UpdateState(resolver.State{Addresses: v.addrs, Attributes: attributes.New(AttrRevision, v.rev)})
+}
+
+// run owns UpdateState until Close.
+func (r *regResolver) run(ctx context.Context) {
+	defer close(r.done)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+			r.push()
+		case <-r.now:
+			// grpc calls ResolveNow whenever a subchannel fails: that is
+			// news about a backend, not about the registry. Only a
+			// subscription that is disconnected or unconfirmed for longer
+			// than its deadline is made to resync, and at most once per
+			// resolveNowEvery for all the resolvers sharing it.
+			if r.sub.unhealthy(time.Now()) && r.resync.Allow() {
+				r.sub.resync()
+			}
+		}
+	}
+}
+
+// ResolveNow asks for a resync; it never blocks (grpc calls it on its
+// serializer) and is acted on by the resolver's goroutine.
+func (r *regResolver) ResolveNow(resolver.ResolveNowOptions) {
+	select {
+	case r.now <- struct{}{}:
+	default:
+	}
+}
+
+// Close stops the resolver's goroutine and waits for it: no UpdateState
+// is made after Close returns.
+func (r *regResolver) Close() {
 	r.unlisten()
+	r.cancel()
+	<-r.done
 	r.release()
 }
+
+// resolveNowEvery bounds how often ResolveNow may resync a subscription.
+const resolveNowEvery = 5 * time.Second
 
 // sharedLinger is how long a subscription with no resolver left is kept.
 const sharedLinger = 30 * time.Second
 
 type shared struct {
-	sub   *Subscription
-	refs  int
-	timer *time.Timer
+	sub    *Subscription
+	resync *rate.Limiter // ResolveNow's resyncs of sub
+	refs   int
+	timer  *time.Timer
 }
 
 // acquire returns the Client's shared subscription of service, starting it
-// if needed; release gives it back.
-func (c *Client) acquire(service string) (*Subscription, func(), error) {
+// if needed, and the limiter of its resyncs; release gives it back.
+func (c *Client) acquire(service string) (*Subscription, *rate.Limiter, func(), error) {
 	c.sharedMu.Lock()
 	defer c.sharedMu.Unlock()
 	if c.closed {
-		return nil, nil, errClientClosed
+		return nil, nil, nil, errClientClosed
 	}
 	sh := c.shared[service]
 	if sh == nil {
 		sub, err := c.Subscribe(c.ctx, service, SubscribeOptions{})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		sh = &shared{sub: sub}
+		sh = &shared{sub: sub, resync: rate.NewLimiter(rate.Every(resolveNowEvery), 1)}
 		c.shared[service] = sh
 	}
 	if sh.timer != nil {
@@ -169,7 +272,7 @@ func (c *Client) acquire(service string) (*Subscription, func(), error) {
 	}
 	sh.refs++
 	var once sync.Once
-	return sh.sub, func() { once.Do(func() { c.releaseShared(service, sh) }) }, nil
+	return sh.sub, sh.resync, func() { once.Do(func() { c.releaseShared(service, sh) }) }, nil
 }
 
 func (c *Client) releaseShared(service string, sh *shared) {

@@ -2,13 +2,17 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -19,6 +23,7 @@ import (
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/regnodetest"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
 )
 
 // backend is a real gRPC server counting the calls it answers.
@@ -173,8 +178,9 @@ func TestResolversShareOneSubscription(t *testing.T) {
 			return cc.GetState() != connectivity.Idle
 		})
 	}
-	// ResolveNow makes the shared subscription resync, so its stream may
-	// be between two regnode streams for a moment: never more than one.
+	// An unhealthy shared subscription resyncs on ResolveNow, so its
+	// stream may be between two regnode streams for a moment: never more
+	// than one.
 	waitFor(t, 5*time.Second, "one subscription", func() bool { return rn.Node.Hub().Subscribers() == 1 })
 	for range 20 {
 		if n := rn.Node.Hub().Subscribers(); n > 1 {
@@ -222,4 +228,185 @@ func (f *fakeConn) state() resolver.State {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.st
+}
+
+// stateRecorder is a gRPC balancer that records every resolver state the
+// ClientConn hands it, in order, and makes no connections. Each Build is
+// sent on recorders, so a test can reach the balancer's ClientConn (to call
+// ResolveNow as a real balancer does when a subchannel fails).
+type stateRecorder struct {
+	cc     balancer.ClientConn
+	mu     sync.Mutex
+	states [][]string // sorted addresses of each state
+	revs   []int64    // client.StateRevision of each state
+}
+
+const recorderName = "registry_test_recorder"
+
+var recorders = make(chan *stateRecorder, 8)
+
+type recorderBuilder struct{}
+
+func (recorderBuilder) Name() string { return recorderName }
+
+func (recorderBuilder) Build(cc balancer.ClientConn, _ balancer.BuildOptions) balancer.Balancer {
+	r := &stateRecorder{cc: cc}
+	recorders <- r
+	return r
+}
+
+func (r *stateRecorder) UpdateClientConnState(s balancer.ClientConnState) error {
+	addrs := make([]string, 0, len(s.ResolverState.Addresses))
+	for _, a := range s.ResolverState.Addresses {
+		addrs = append(addrs, a.Addr)
+	}
+	slices.Sort(addrs)
+	r.mu.Lock()
+	r.states = append(r.states, addrs)
+	r.revs = append(r.revs, client.StateRevision(s.ResolverState))
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *stateRecorder) ResolverError(error)                                        {}
+func (r *stateRecorder) UpdateSubConnState(balancer.SubConn, balancer.SubConnState) {}
+func (r *stateRecorder) Close()                                                     {}
+func (r *stateRecorder) ExitIdle()                                                  {}
+
+func (r *stateRecorder) recorded() [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.states)
+}
+
+func (r *stateRecorder) revisions() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.revs)
+}
+
+func init() { balancer.Register(recorderBuilder{}) }
+
+// watchStreamsEnded is how many Watch streams rn has seen end.
+func watchStreamsEnded(t *testing.T, rn *regnodetest.Regnode) int {
+	t.Helper()
+	fams, err := rn.Node.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range fams {
+		if f.GetName() != "registry_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "method" && l.GetValue() == "/registry.v1.Registry/Watch" {
+					n += int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return n
+}
+
+// Views reach grpc in revision order while changes arrive and grpc calls
+// ResolveNow at the same time (as it does whenever a subchannel fails):
+// instances are registered one by one, so the state at each revision is a
+// prefix of them, and every state the ClientConn hands its balancer must
+// be a prefix at least as long as the one before. ResolveNow on a healthy
+// subscription must not tear its Watch stream down.
+func TestResolverUpdatesInRevisionOrder(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c := newClient(t, rn.Addr)
+	cc, err := grpc.NewClient("registry:///orders", grpc.WithResolvers(c.ResolverBuilder()),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"`+recorderName+`":{}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	cc.Connect()
+	var rec *stateRecorder
+	select {
+	case rec = <-recorders:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the ClientConn built no balancer")
+	}
+	const n = 150
+	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", 20000+i) }
+	// The subscription is up before the race starts (its first, empty
+	// state reached grpc), so every ResolveNow below meets a healthy one.
+	waitFor(t, 10*time.Second, "the first state", func() bool { return len(rec.recorded()) > 0 })
+	ended := watchStreamsEnded(t, rn)
+
+	var (
+		wg      sync.WaitGroup
+		lastPut atomic.Int64
+	)
+	writing := make(chan struct{})
+	var resolveNows atomic.Int64
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer close(writing)
+		for i := 1; i <= n; i++ {
+			b, err := record.Encode(&registryv1.Instance{Service: "orders", Id: fmt.Sprintf("o-%03d", i), Address: addr(i),
+				Weight: 100, Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp, err := rn.Etcd.Put(context.Background(), keys.Instance("orders", fmt.Sprintf("o-%03d", i)), string(b))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			lastPut.Store(resp.Header.Revision)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-writing:
+				return
+			default:
+			}
+			rec.cc.ResolveNow(resolver.ResolveNowOptions{})
+			resolveNows.Add(1)
+			runtime.Gosched()
+		}
+	}()
+	wg.Wait()
+	waitFor(t, 20*time.Second, "all instances in the last state", func() bool {
+		st := rec.recorded()
+		return len(st[len(st)-1]) == n
+	})
+	states := rec.recorded()
+	prev := -1
+	for i, st := range states {
+		for j, a := range st {
+			if want := addr(j + 1); a != want {
+				t.Fatalf("state %d of %d: address %d is %s, want %s: not the view of one revision", i, len(states), j, a, want)
+			}
+		}
+		if len(st) < prev {
+			t.Fatalf("state %d of %d has %d instances after one with %d: an older view after a newer one", i, len(states), len(st), prev)
+		}
+		prev = len(st)
+	}
+	revs := rec.revisions()
+	for i := 1; i < len(revs); i++ {
+		if revs[i] < revs[i-1] {
+			t.Fatalf("state %d carries revision %d after %d", i, revs[i], revs[i-1])
+		}
+	}
+	if last := revs[len(revs)-1]; last != lastPut.Load() {
+		t.Fatalf("the last state carries revision %d, the last put was at %d", last, lastPut.Load())
+	}
+	if got := watchStreamsEnded(t, rn) - ended; got != 0 {
+		t.Fatalf("%d ResolveNow calls on a healthy subscription ended %d Watch streams, want 0", resolveNows.Load(), got)
+	}
+	t.Logf("%d states pushed, %d ResolveNow calls", len(states), resolveNows.Load())
 }

@@ -44,6 +44,17 @@ type SubscribeOptions struct {
 	// MinBackoff and MaxBackoff bound the wait between reconnects
 	// (defaults 50ms and 2s), jittered.
 	MinBackoff, MaxBackoff time.Duration
+
+	// Liveness (liveness.go).
+
+	// ReceiveDeadline: a stream that brings no message for this long is
+	// given up (Connected turns false) and the subscription resumes at
+	// once on another regnode if one answers (default
+	// DefaultReceiveDeadline; at least MinReceiveDeadline).
+	ReceiveDeadline time.Duration
+	// OnConnection, if set, is called on the subscription's goroutine each
+	// time Freshness().Connected changes, with the new freshness.
+	OnConnection func(Freshness)
 }
 
 // Freshness says how current a subscription's view is.
@@ -56,7 +67,8 @@ type Freshness struct {
 	// ConfirmedAt is when a regnode last confirmed Revision (an event,
 	// snapshot or progress message).
 	ConfirmedAt time.Time
-	// Connected is true while a Watch stream is open.
+	// Connected is true while a Watch stream is open and has delivered a
+	// message within the receive deadline.
 	Connected bool
 }
 
@@ -83,17 +95,29 @@ type Subscription struct {
 		lastErr   error
 		resets    int
 		reconnect int
+		resyncs   int
 		stream    context.CancelFunc // cancels the current Watch stream
 	}
+	// live is the liveness state, owned by the subscription's goroutine.
+	live struct {
+		stalled string // the regnode whose stream last stalled: the next avoids it
+	}
+	wake chan struct{} // resync: cut the wait before the next stream short
 }
 
-// resync ends the current stream; the subscription resumes at once from
-// its revision, on whichever regnode answers.
+// resync ends the current stream, or the wait before the next one; the
+// subscription resumes at once from its revision, on whichever regnode
+// answers.
 func (s *Subscription) resync() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.mu.resyncs++
 	if s.mu.stream != nil {
 		s.mu.stream()
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -112,7 +136,11 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 	if opts.MaxBackoff <= 0 {
 		opts.MaxBackoff = 2 * time.Second
 	}
-	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}), done: make(chan struct{})}
+	if err := opts.validateLiveness(); err != nil {
+		return nil, err
+	}
+	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1)}
 	s.mu.listeners = map[int]func(Change){}
 	if opts.OnChange != nil {
 		s.mu.listeners[0] = opts.OnChange
@@ -177,14 +205,16 @@ func (s *Subscription) Changes() <-chan Change { return s.changes }
 // Stats counts what the subscription went through.
 type Stats struct {
 	Resets, Reconnects int
-	Cache              cache.Stats
+	// Resyncs counts the resyncs asked of it (by a resolver's ResolveNow).
+	Resyncs int
+	Cache   cache.Stats
 }
 
 // Stats returns the subscription's counters.
 func (s *Subscription) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Resets: s.mu.resets, Reconnects: s.mu.reconnect, Cache: s.cache.Stats()}
+	return Stats{Resets: s.mu.resets, Reconnects: s.mu.reconnect, Resyncs: s.mu.resyncs, Cache: s.cache.Stats()}
 }
 
 // listen adds a listener of changes (called on the subscription's
@@ -218,10 +248,19 @@ func (s *Subscription) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		s.setConnected(false, err)
 		s.mu.Lock()
-		s.mu.lastErr, s.mu.fresh.Connected = err, false
 		s.mu.reconnect++
 		s.mu.Unlock()
+		var stall *stallError
+		if errors.As(err, &stall) {
+			// A stalled regnode is not overloaded, just gone: resume on
+			// another at once.
+			s.c.log.Warn("subscription stalled; resuming on another regnode", "service", s.service, "revision", s.cache.Revision(), "err", err)
+			s.live.stalled = stall.peer
+			attempt = -1
+			continue
+		}
 		if err == nil {
 			attempt = 0
 		}
@@ -233,6 +272,8 @@ func (s *Subscription) run(ctx context.Context) {
 		t := time.NewTimer(d/2 + rand.N(d/2+1))
 		select {
 		case <-t.C:
+		case <-s.wake:
+			t.Stop()
 		case <-ctx.Done():
 			t.Stop()
 			return
@@ -251,17 +292,26 @@ func (s *Subscription) stream(ctx context.Context) error {
 	s.mu.stream = cancel
 	s.mu.Unlock()
 	from := s.cache.Revision()
-	ws, err := s.c.api.Watch(sctx, &registryv1.WatchRequest{Service: s.service, FromRevision: from})
+	note := &pickNote{avoid: s.live.stalled}
+	ws, err := s.c.api.Watch(withPickNote(sctx, note), &registryv1.WatchRequest{Service: s.service, FromRevision: from})
 	if err != nil {
 		return err
 	}
+	at := note.Picked()
+	deadline := newDeadline(s.opts.ReceiveDeadline, cancel)
+	defer deadline.disarm()
 	var (
 		chunks  []*registryv1.Instance
 		gotSome bool
 	)
 	for {
+		deadline.arm()
 		resp, err := ws.Recv()
+		deadline.disarm()
 		if err != nil {
+			if stall := deadline.err(at); stall != nil {
+				return stall
+			}
 			if status.Code(err) == codes.InvalidArgument {
 				s.c.log.Error("subscription refused", "service", s.service, "err", err)
 			}
@@ -274,9 +324,8 @@ func (s *Subscription) stream(ctx context.Context) error {
 			return err
 		}
 		if !gotSome {
-			s.mu.Lock()
-			s.mu.fresh.Connected, s.mu.lastErr = true, nil
-			s.mu.Unlock()
+			s.live.stalled = "" // a regnode answers
+			s.setConnected(true, nil)
 		}
 		gotSome = true
 		var b cache.Batch

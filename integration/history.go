@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"sort"
 	"sync"
 	"testing"
@@ -190,7 +191,12 @@ func (s *Subscriber) Views() []View {
 // Report is what the checker found.
 type Report struct {
 	Views, Events, Deletes, DrainChecks, HealthWrites int
-	Violations                                        []string
+	// Calls counts the served calls judged by CheckCalls; OutOfRotation
+	// those among them whose backend left rotation (no routable instance)
+	// at some revision of their window: the calls a lagging resolver
+	// would have misrouted.
+	Calls, OutOfRotation int
+	Violations           []string
 }
 
 func (r *Report) fail(format string, args ...any) {
@@ -374,4 +380,113 @@ func checkDrained(rep *Report, s *Subscriber, key string, drainRev, deleteRev in
 	}
 	rep.fail("subscriber %s: %s deleted at revision %d after draining at %d, but never shown DRAINING", s.Name, key, deleteRev, drainRev)
 	return 1
+}
+
+// routability is, per address, the revisions at which some instance with
+// that address was routable (record.Routable, as the resolver decides),
+// as closed intervals; an open one ends at math.MaxInt64.
+type routability map[string][][2]int64
+
+func routableIntervals(events []Event) routability {
+	keys := record.NewKeys("")
+	out := routability{}
+	state := map[string]*registryv1.Instance{}
+	count := map[string]int{} // routable instances per address
+	for i := 0; i < len(events); {
+		rev := events[i].Rev
+		touched := map[string]bool{}
+		before := map[string]int{}
+		for ; i < len(events) && events[i].Rev == rev; i++ {
+			ev := events[i]
+			if _, _, ok := keys.Parse(ev.Key); !ok {
+				continue
+			}
+			var in *registryv1.Instance
+			if !ev.Delete {
+				in, _ = keys.Decode(ev.Key, ev.Value, ev.Create, ev.Rev) // junk: absent
+			}
+			for _, x := range []*registryv1.Instance{state[ev.Key], in} {
+				if x != nil && !touched[x.Address] {
+					touched[x.Address], before[x.Address] = true, count[x.Address]
+				}
+			}
+			if old := state[ev.Key]; old != nil && record.Routable(old) {
+				count[old.Address]--
+			}
+			if in != nil && record.Routable(in) {
+				count[in.Address]++
+			}
+			if in != nil {
+				state[ev.Key] = in
+			} else {
+				delete(state, ev.Key)
+			}
+		}
+		for addr := range touched {
+			was, is := before[addr] > 0, count[addr] > 0
+			switch {
+			case !was && is:
+				out[addr] = append(out[addr], [2]int64{rev, math.MaxInt64})
+			case was && !is:
+				iv := out[addr]
+				iv[len(iv)-1][1] = rev - 1
+			}
+		}
+	}
+	return out
+}
+
+// routableDuring is true if some instance at addr was routable at some
+// revision in [lo, hi].
+func (r routability) routableDuring(addr string, lo, hi int64) bool {
+	for _, iv := range r[addr] {
+		if iv[0] <= hi && iv[1] >= lo {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckCalls judges the calls of the workload's callers (see callers.go
+// for why it is sound without clocks): a call served by a backend whose
+// address no instance made routable at any revision of the call's window
+// reached an instance that every view the caller could have routed it by
+// had out of rotation (DRAINING, unhealthy or deleted): a violation.
+// Calls whose window reaches past upTo are not judged.
+func CheckCalls(rep *Report, events []Event, upTo int64, calls []Call, served []Served) {
+	sort.SliceStable(events, func(i, j int) bool { return events[i].Rev < events[j].Rev })
+	routable := routableIntervals(events)
+	byID := make(map[string]Call, len(calls))
+	for _, c := range calls {
+		byID[c.ID] = c
+	}
+	for _, sv := range served {
+		c, ok := byID[sv.ID]
+		if !ok {
+			rep.fail("call %s served by %s but never made by a caller", sv.ID, sv.Addr)
+			continue
+		}
+		if c.After > upTo {
+			continue
+		}
+		rep.Calls++
+		if !routable.routableDuring(sv.Addr, c.Before, c.After) {
+			rep.fail("call %s reached %s, which was out of rotation at every revision from %d to %d (the views its caller could route by)",
+				sv.ID, sv.Addr, c.Before, c.After)
+			continue
+		}
+		if routable.routableDuring(sv.Addr, c.Before, c.After) && !allRoutable(routable[sv.Addr], c.Before, c.After) {
+			rep.OutOfRotation++
+		}
+	}
+}
+
+// allRoutable is true if ivs cover every revision of [lo, hi].
+func allRoutable(ivs [][2]int64, lo, hi int64) bool {
+	for _, iv := range ivs {
+		if iv[0] <= lo && iv[1] >= hi {
+			return true
+		}
+	}
+	return false
 }

@@ -165,11 +165,14 @@ func (e *env) finish(extraOpen ...string) Report {
 	e.h.WaitFor(t, rev)
 	events, upTo := e.h.Events()
 	rep := Check(events, upTo, e.subs, open)
+	calls, served := e.w.Calls()
+	CheckCalls(&rep, events, upTo, calls, served)
 	resets := ""
 	for _, s := range e.subs {
 		resets += fmt.Sprintf(" %s=%d", s.Name, s.Sub.Stats().Resets)
 	}
 	t.Logf("workload: %s", e.w)
+	t.Logf("judged %d served calls through registry:///, %d of them while their backend left rotation", rep.Calls, rep.OutOfRotation)
 	t.Logf("checked %d views against %d etcd events; %d graceful deletes, %d drain-before-delete checks, %d health writes; resets:%s; %d violations",
 		rep.Views, rep.Events, rep.Deletes, rep.DrainChecks, rep.HealthWrites, resets, len(rep.Violations))
 	for _, v := range rep.Violations {

@@ -9,40 +9,41 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/regcluster/registry/client"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
 
-// Backend is a TCP listener whose health the workload switches.
+// Backend is a gRPC server (grpc.health.v1) at an instance's address,
+// whose health the workload switches; it records every call it serves.
 type Backend struct {
 	Addr string
+	log  *callLog
 	mu   sync.Mutex
-	lis  net.Listener
+	srv  *grpc.Server
 }
 
-func newBackend(t testing.TB) *Backend {
+// newBackend starts a backend on a free loopback port; it stops when the
+// test ends.
+func newBackend(t testing.TB, log *callLog) (*Backend, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("backend listener: %w", err)
 	}
-	b := &Backend{Addr: lis.Addr().String()}
+	b := &Backend{Addr: lis.Addr().String(), log: log}
 	b.serve(lis)
 	t.Cleanup(func() { b.Set(false) })
-	return b
+	return b, nil
 }
 
 func (b *Backend) serve(lis net.Listener) {
-	b.lis = lis
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	b.srv = grpc.NewServer(grpc.UnaryInterceptor(b.log.interceptor(b.Addr)))
+	healthpb.RegisterHealthServer(b.srv, health.NewServer())
+	go b.srv.Serve(lis)
 }
 
 // Set brings the backend up or down.
@@ -50,19 +51,21 @@ func (b *Backend) Set(up bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
-	case up && b.lis == nil:
+	case up && b.srv == nil:
 		if lis, err := net.Listen("tcp", b.Addr); err == nil {
 			b.serve(lis)
 		}
-	case !up && b.lis != nil:
-		b.lis.Close()
-		b.lis = nil
+	case !up && b.srv != nil:
+		b.srv.Stop()
+		b.srv = nil
 	}
 }
 
-// Workload registers instances (some with checks on flapping backends),
-// closes them gracefully or lets them crash, drains and undrains them as an
-// operator would, and writes junk, at random, until stopped.
+// Workload registers instances (some with checks on flapping backends,
+// the others each on a backend of its own), closes them gracefully or lets
+// them crash, drains and undrains them as an operator would, and writes
+// junk, at random, until stopped; meanwhile its callers call the instances
+// through the registry's resolver (callers.go).
 type Workload struct {
 	t         testing.TB
 	endpoints []string
@@ -81,7 +84,10 @@ type Workload struct {
 	// Meta is set on every instance registered (big values make big
 	// records, to fill flow-control windows fast).
 	Meta map[string]string
-	name string
+	// Callers is how many gRPC callers Run starts (default 2).
+	Callers int
+	calls   callLog
+	name    string
 }
 
 type reg struct {
@@ -97,16 +103,22 @@ func NewWorkload(t testing.TB, name string, endpoints []string, seed uint64) *Wo
 		t.Fatal(err)
 	}
 	w := &Workload{t: t, endpoints: endpoints, keys: record.NewKeys(""), ops: ops,
-		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b9)), regs: map[string]*reg{}, name: name}
+		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b9)), regs: map[string]*reg{}, name: name, Callers: 2}
 	for range 3 {
-		w.backends = append(w.backends, newBackend(t))
+		b, err := newBackend(t, &w.calls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.backends = append(w.backends, b)
 	}
 	t.Cleanup(w.close)
 	return w
 }
 
-// Register adds one instance (with a TCP check on a backend every other
-// time) and returns its key.
+// Register adds one instance and returns its key: every other time with a
+// TCP check on one of the flapping backends, else on a backend of its own
+// (one address, one instance: a call it serves says which instance the
+// caller routed to).
 func (w *Workload) Register(ctx context.Context) (string, error) {
 	w.mu.Lock()
 	w.seq++
@@ -115,6 +127,14 @@ func (w *Workload) Register(ctx context.Context) (string, error) {
 	b := w.backends[w.seq%len(w.backends)]
 	withCheck := w.seq%2 == 0
 	w.mu.Unlock()
+	if !withCheck {
+		// It keeps serving after the instance is closed or crashed: a
+		// call that reaches it then is one the checker must see.
+		var err error
+		if b, err = newBackend(w.t, &w.calls); err != nil {
+			return "", err
+		}
+	}
 	c, err := client.New(client.Config{Endpoints: w.endpoints})
 	if err != nil {
 		return "", err
@@ -233,8 +253,17 @@ func (w *Workload) forget(key string) {
 	w.mu.Unlock()
 }
 
-// Run steps every interval until ctx ends.
+// Run steps every interval, with the callers calling, until ctx ends.
 func (w *Workload) Run(ctx context.Context, every time.Duration) {
+	var callers sync.WaitGroup
+	defer callers.Wait()
+	for i := range w.Callers {
+		callers.Add(1)
+		go func() {
+			defer callers.Done()
+			w.caller(ctx, fmt.Sprintf("%s-caller%d", w.name, i))
+		}()
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -269,8 +298,11 @@ func (w *Workload) Settle() {
 func (w *Workload) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return fmt.Sprintf("%d registered, %d closed gracefully, %d crashed, %d drains, %d undrains, %d backend flaps, %d junk records",
-		w.Registered, w.Graceful, w.Crashed, w.Drains, w.Undrains, w.Flaps, w.Junk)
+	w.calls.mu.Lock()
+	calls, served := len(w.calls.calls), len(w.calls.served)
+	w.calls.mu.Unlock()
+	return fmt.Sprintf("%d registered, %d closed gracefully, %d crashed, %d drains, %d undrains, %d backend flaps, %d junk records, %d calls (%d served)",
+		w.Registered, w.Graceful, w.Crashed, w.Drains, w.Undrains, w.Flaps, w.Junk, calls, served)
 }
 
 func (w *Workload) close() {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/regcluster/registry/election"
@@ -82,6 +83,17 @@ type Config struct {
 	// before closing streams (default 2s).
 	ShutdownGrace time.Duration
 }
+
+// Keepalive on the API. A subscriber whose machine vanished (or whose
+// connection is half-open) holds a Watch stream and a fan-out queue until
+// the transport notices: the server pings a connection idle for
+// keepaliveServer.Time and closes it when no answer comes within Timeout.
+// Clients ping too (package client: every 10s, grpc-go's floor); the
+// policy lets them, streams or not, as often as every 5s.
+var (
+	keepaliveEnforcement = keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}
+	keepaliveServer      = keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}
+)
 
 // DefaultConfig is `regnode` with no flags.
 func DefaultConfig() Config {
@@ -278,6 +290,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
 	}
 	n.grpc = grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
+		grpc.KeepaliveParams(keepaliveServer),
 		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor()),
 		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
 	)

@@ -45,8 +45,11 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the wait before a retry (defaults
 	// 100ms and 5s); each wait is jittered.
 	MinBackoff, MaxBackoff time.Duration
-	// ProgressInterval: with no response for this long, the Watcher asks
-	// etcd for a progress notification (default 1s).
+	// ProgressInterval: with no response for this long, the Watcher
+	// delivers one progress batch (a heartbeat at etcd's revision, read
+	// linearizably), or asks etcd for a progress notification when etcd is
+	// ahead of the view (default 1s). An idle registry hears one heartbeat
+	// per interval, plus etcd's own progress notifications.
 	ProgressInterval time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
@@ -279,13 +282,18 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 				// etcd is exactly where our view is (a linearizable read
 				// says so): confirm it. etcd itself sends no progress to a
 				// watch that starts past its revision, which is what an
-				// idle registry's watch is.
+				// idle registry's watch is. This is the interval's one
+				// heartbeat: asking etcd for progress as well would
+				// deliver a second one a millisecond later (its answer,
+				// once the watch has seen an event), so ask only when
+				// etcd is ahead of the view.
 				if err := deliver(cache.Batch{Revision: head}); err != nil {
 					return false, errStop{err}
 				}
-			}
-			// etcd answers only once the watcher is synced; harmless if not.
-			if err := w.cfg.Client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
+			} else if err := w.cfg.Client.RequestProgress(wctx); err != nil && ctx.Err() == nil {
+				// etcd moved (writes outside the prefix, or events on
+				// their way): its answer, once the watcher is synced,
+				// carries the revision.
 				return false, fmt.Errorf("request progress: %w", err)
 			}
 			idle.Reset(w.cfg.ProgressInterval)

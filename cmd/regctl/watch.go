@@ -53,7 +53,11 @@ mod_rev, reason and metadata to puts):
   {"type":"progress","revision":R}                                   always, so a consumer sees its revision move
 
 If no regnode answers within --timeout, watch says so on stderr and keeps
-trying; it says so again if it loses every regnode for longer than that.`,
+trying; it says so again if it loses every regnode for longer than that.
+When no regnode has confirmed the view for more than 3s (the SDK's
+receive deadline: the regnode it follows is paused, hung or cut off),
+watch warns on stderr while it moves to another regnode, and says when
+the view is current again.`,
 		Example: "  regctl watch\n  regctl watch orders -o wide\n  regctl watch orders -o json | jq -c .",
 		Args:    nArgs(0, 1, "one argument (SERVICE)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -219,13 +223,17 @@ func runWatch(ctx context.Context, o *options, service string, progress bool) er
 		}
 	}
 
-	// Then: one warning when every regnode has been out of reach for
-	// longer than --timeout, and one line when watch is back.
-	tick := time.NewTicker(min(max(o.timeout/4, 10*time.Millisecond), time.Second))
+	// Then: one warning when the view has not been confirmed by a regnode
+	// for longer than the SDK's receive deadline (a paused regnode, a
+	// half-open connection: the SDK is moving to another), one when every
+	// regnode has been out of reach for longer than --timeout, and one
+	// line when the view is current again.
+	deadline := client.DefaultReceiveDeadline
+	tick := time.NewTicker(min(max(o.timeout/4, 10*time.Millisecond), deadline/4))
 	defer tick.Stop()
 	var (
-		downSince time.Time
-		warned    bool
+		downSince   time.Time
+		lost, stale bool
 	)
 	for {
 		select {
@@ -233,16 +241,25 @@ func runWatch(ctx context.Context, o *options, service string, progress bool) er
 			return watchEnd(ctx, sub)
 		case now := <-tick.C:
 			f := sub.Freshness()
+			current := f.Connected && now.Sub(f.ConfirmedAt) <= deadline
+			if current {
+				if lost || stale {
+					fmt.Fprintf(stderr, "regctl: watching again: the view is current at revision %d\n", f.Revision)
+				}
+				downSince, lost, stale = time.Time{}, false, false
+				continue
+			}
+			if !stale && now.Sub(f.ConfirmedAt) > deadline {
+				stale = true
+				fmt.Fprintf(stderr, "regctl: warning: the view has not been confirmed by a regnode for more than %s (last at revision %d, %s); resuming on another regnode%s\n",
+					deadline, f.Revision, f.ConfirmedAt.Format(time.TimeOnly), lastErr())
+			}
 			switch {
 			case f.Connected:
-				if warned {
-					fmt.Fprintf(stderr, "regctl: watching again from revision %d\n", f.Revision)
-				}
-				downSince, warned = time.Time{}, false
 			case downSince.IsZero():
 				downSince = now
-			case !warned && now.Sub(downSince) >= o.timeout:
-				warned = true
+			case !lost && now.Sub(downSince) >= o.timeout:
+				lost = true
 				fmt.Fprintf(stderr, "regctl: warning: lost every regnode at %s for more than %s (--timeout); still trying from revision %d%s\n",
 					o.endpointList(), o.timeout, f.Revision, lastErr())
 			}

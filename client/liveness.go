@@ -1,0 +1,119 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/regcluster/registry/record"
+)
+
+// Liveness of a subscription (DESIGN.md, Subscription protocol): regnode
+// sends a message (events, snapshot chunk or progress) to every subscriber
+// at least once per progress interval (1s). A stream that carries nothing
+// for the receive deadline belongs to a regnode that is paused, cut off
+// from etcd, or behind a half-open connection: the subscription drops it,
+// reports itself disconnected, and resumes at once on another regnode.
+// gRPC keepalive (see clientKeepalive) would notice a dead transport too,
+// but only after 13s and not a regnode that answers pings yet sends
+// nothing.
+
+// DefaultReceiveDeadline is how long a subscription waits for a message
+// before it gives up on its regnode.
+const DefaultReceiveDeadline = 3 * time.Second
+
+// MinReceiveDeadline is the shortest deadline allowed: twice regnode's
+// progress interval, so a quiet but healthy regnode is never left.
+const MinReceiveDeadline = 2 * time.Second
+
+// ErrStalled is the error of a stream that delivered nothing within the
+// receive deadline; the subscription has moved on from it.
+var ErrStalled = errors.New("regnode sent nothing within the receive deadline")
+
+// validateLiveness checks the liveness options and fills their defaults.
+func (o *SubscribeOptions) validateLiveness() error {
+	switch {
+	case o.ReceiveDeadline == 0:
+		o.ReceiveDeadline = DefaultReceiveDeadline
+	case o.ReceiveDeadline < MinReceiveDeadline:
+		return &record.FieldError{Field: "SubscribeOptions.ReceiveDeadline",
+			Reason: fmt.Sprintf("%s is below %s (twice regnode's progress interval)", o.ReceiveDeadline, MinReceiveDeadline)}
+	}
+	return nil
+}
+
+// stallError says which regnode stalled, so the next stream avoids it
+// (regnodePolicy, pick.go).
+type stallError struct {
+	peer     string
+	deadline time.Duration
+}
+
+func (e *stallError) Error() string {
+	return fmt.Sprintf("%v (%s) from %s", ErrStalled, e.deadline, e.peer)
+}
+
+func (e *stallError) Unwrap() error { return ErrStalled }
+
+// receiveDeadline cancels a stream that waits longer than d for a
+// message. It runs only while the stream waits in Recv: the time a slow
+// OnChange takes is the subscriber's, not the regnode's.
+type receiveDeadline struct {
+	d     time.Duration
+	t     *time.Timer
+	fired atomic.Bool
+}
+
+// newDeadline returns a disarmed deadline that calls cancel when it passes.
+func newDeadline(d time.Duration, cancel context.CancelFunc) *receiveDeadline {
+	rd := &receiveDeadline{d: d}
+	rd.t = time.AfterFunc(time.Hour, func() {
+		rd.fired.Store(true)
+		cancel()
+	})
+	rd.t.Stop()
+	return rd
+}
+
+// arm starts the wait for the next message.
+func (rd *receiveDeadline) arm() { rd.t.Reset(rd.d) }
+
+// disarm ends it: a message (or an error) came.
+func (rd *receiveDeadline) disarm() { rd.t.Stop() }
+
+// err is the stall error if the deadline ended the stream, else nil.
+func (rd *receiveDeadline) err(peer string) error {
+	if !rd.fired.Load() {
+		return nil
+	}
+	return &stallError{peer: peer, deadline: rd.d}
+}
+
+// setConnected records a change of Connected and tells OnConnection.
+// Only the subscription's goroutine calls it.
+func (s *Subscription) setConnected(connected bool, err error) {
+	s.mu.Lock()
+	changed := s.mu.fresh.Connected != connected
+	s.mu.fresh.Connected = connected
+	switch {
+	case connected:
+		s.mu.lastErr = nil
+	case err != nil: // else the stream already recorded why it ended
+		s.mu.lastErr = err
+	}
+	f := s.mu.fresh
+	s.mu.Unlock()
+	if changed && s.opts.OnConnection != nil {
+		s.opts.OnConnection(f)
+	}
+}
+
+// unhealthy is true when the view is not being confirmed: no stream, or
+// none of its messages for longer than the receive deadline (a stall the
+// deadline is about to act on).
+func (s *Subscription) unhealthy(now time.Time) bool {
+	f := s.Freshness()
+	return !f.Connected || now.Sub(f.ConfirmedAt) > s.opts.ReceiveDeadline
+}
