@@ -1,6 +1,7 @@
 package record
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"strconv"
@@ -13,7 +14,8 @@ const (
 	maxLabelLen = 63
 )
 
-// ValidAddress reports why address is not host:port, or nil. The host is a
+// ValidAddress reports why address is not host:port, or nil; the reason
+// does not repeat the address, so callers can say which one it was. The host is a
 // DNS name of RFC 1123 labels (letters, digits and '-', 1..63 characters,
 // neither starting nor ending with '-'; at most 253 characters, one trailing
 // '.' allowed; the last label not all digits, so "300.1.1.1" is no name), a
@@ -26,19 +28,24 @@ func ValidAddress(address string) error {
 	}
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {
-		return fieldErr("address", "%q is not host:port", address)
+		why := err.Error()
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			why = ae.Err
+		}
+		return fieldErr("address", "not host:port (%s)", why)
 	}
 	if err := validPort(port); err != nil {
-		return fieldErr("address", "%q: %v", address, err)
+		return fieldErr("address", "%v", err)
 	}
 	if host == "" {
-		return fieldErr("address", "%q has no host", address)
+		return fieldErr("address", "no host")
 	}
 	// SplitHostPort takes "[h]:p" for any h: only IPv6 belongs in brackets.
 	if strings.HasPrefix(address, "[") {
 		ip, err := netip.ParseAddr(host)
 		if err != nil || !ip.Is6() || ip.Zone() != "" {
-			return fieldErr("address", "%q: only an IPv6 address without a zone goes in brackets", address)
+			return fieldErr("address", "host %s: only an IPv6 address without a zone goes in brackets", strconv.Quote("["+host+"]"))
 		}
 		return nil
 	}
