@@ -77,13 +77,8 @@ func validPort(port string) error {
 	if port[0] == '0' && len(port) > 1 {
 		return portError("port " + strconv.Quote(port) + " has a leading zero")
 	}
-	// At most 6 digits parse within any int; longer ones are out of range
-	// whatever they say.
-	if len(port) > 5 {
-		return portError("port " + port + " is out of range 1..65535")
-	}
-	p, _ := strconv.Atoi(port)
-	if p < 1 || p > 65535 {
+	// Digits too many for an int are out of range too: Atoi fails on them.
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 		return portError("port " + port + " is out of range 1..65535")
 	}
 	return nil

@@ -58,6 +58,22 @@ func TestEncodeDecode(t *testing.T) {
 	if err != nil || string(again) != string(b) {
 		t.Fatalf("Encode is not deterministic: %v", err)
 	}
+	// etcd holds the revisions: the value does not.
+	var raw registryv1.Instance
+	if err := proto.Unmarshal(b, &raw); err != nil || raw.ModRevision != 0 || raw.CreateRevision != 0 || raw.LeaseId != 77 {
+		t.Fatalf("stored form %v (%v): want no revisions, the rest kept", &raw, err)
+	}
+	// Deterministic: the same bytes every time, whatever the map order.
+	in.Metadata = meta(32, 0, 3)
+	first, err := Encode(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if b, _ := Encode(in); string(b) != string(first) {
+			t.Fatal("Encode gave two encodings of one instance")
+		}
+	}
 	// Encoding does not touch the caller's instance.
 	if in.ModRevision != 9 || in.CreateRevision != 8 {
 		t.Fatalf("Encode changed its input: %v", in)
@@ -147,6 +163,12 @@ func TestUnmarshalNamesTheField(t *testing.T) {
 		{"reserved wire type", protowire.AppendTag(nil, 99, 7), "request", "malformed"},
 		{"reserved wire type on a known field", protowire.AppendTag(nil, 1, 7), "instance", "reserved wire type"},
 		{"unknown field truncated", append(protowire.AppendTag(nil, 99, protowire.BytesType), 9), "request", "malformed value"},
+		// A known field of another wire type is an unknown field to proto:
+		// here a fixed32 whose bytes would read as a bad string. The fault
+		// is the truncated zone after it.
+		{"known field of another wire type, then a truncated one", lenField(1, cat(
+			tagged(3, protowire.Fixed32Type, []byte{0x02, 0xff, 0xfe, 0x00}),
+			append(protowire.AppendTag(nil, 4, protowire.BytesType), 9, 'z'))), "instance.zone", "malformed value"},
 		{"ttl truncated", append(protowire.AppendTag(nil, 2, protowire.BytesType), 3, 0x08), "ttl", "malformed value"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

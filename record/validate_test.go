@@ -311,6 +311,34 @@ func expect(t *testing.T, in *registryv1.Instance, field string) {
 	}
 }
 
+// The reason of a refused address says what is wrong with it.
+func TestValidAddressReasons(t *testing.T) {
+	for address, want := range map[string]string{
+		"127.0.0.1:99999":        "port 99999 is out of range 1..65535",
+		"h:99999999999999999999": "port 99999999999999999999 is out of range 1..65535",
+		"h:0":                    "port 0 is out of range 1..65535",
+		"10.0.0.1:+80":           `port "+80" is not a decimal number`,
+		"10.0.0.1:0080":          `port "0080" has a leading zero`,
+		"h:":                     "port is missing",
+		":80":                    "no host",
+		"nohost":                 "not host:port (missing port in address)",
+		"::1:80":                 "not host:port (too many colons in address)",
+		"300.1.1.1:80":           `host "300.1.1.1" is neither an IP address nor a DNS name: the last label is all digits`,
+		"a b c:80":               `host "a b c" is neither an IP address nor a DNS name: only letters, digits`,
+		"evil\nhost:80":          `host "evil\nhost"`,
+		"a..b:80":                "empty label",
+		"-a:80":                  "starts or ends with '-'",
+		"[10.0.0.1]:80":          `host "[10.0.0.1]": only an IPv6 address without a zone goes in brackets`,
+		"":                       "must not be empty",
+	} {
+		err := ValidAddress(address)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "address" || !strings.Contains(fe.Reason, want) {
+			t.Errorf("ValidAddress(%q) = %v, want a reason with %q", address, err, want)
+		}
+	}
+}
+
 func TestValidateNil(t *testing.T) {
 	var fe *FieldError
 	if err := Validate(nil); !errors.As(err, &fe) || fe.Field != "instance" {
