@@ -37,6 +37,13 @@ func TestCodecMarks(t *testing.T) {
 	if m, fe := decode(t, bad); fe == nil || fe.Field != "id" || fe.Reason != "not valid UTF-8" || m.Id != "" {
 		t.Fatalf("bad request decoded to %v, mark %v", m, fe)
 	}
+	// No bytes that start as a mark decode, so no decoded message's
+	// unknown fields start as one.
+	for _, rest := range [][]byte{nil, {0x00}, {0x01}, {0x05, 'a', 'b', 'c', 'd', 'e'}, {0x02, 0x08, 0x01}} {
+		if err := proto.Unmarshal(append([]byte{undecodable}, rest...), &registryv1.GetRequest{}); err == nil {
+			t.Fatalf("% x decodes: a client could forge a mark", append([]byte{undecodable}, rest...))
+		}
+	}
 	// A client that sends a mark's bytes forges nothing: they do not
 	// decode, and the mark says so, not what the client wrote.
 	var forged registryv1.GetRequest
