@@ -134,8 +134,10 @@ func (c *Client) Close() error {
 
 // FromStatus turns a regnode error into one that wraps the sentinel a
 // caller branches on (record.ErrInvalid, record.ErrNotFound,
-// record.ErrAlreadyExists), keeping the message. A lost lease is not an
-// error of the API: KeepAlive answers it with lost=true.
+// record.ErrAlreadyExists), keeping the message. An InvalidArgument that
+// names its field (errdetails.BadRequest) also matches *record.FieldError
+// with errors.As, as the regnode's own validation failure did. A lost
+// lease is not an error of the API: KeepAlive answers it with lost=true.
 func FromStatus(err error) error {
 	if err == nil {
 		return nil
@@ -156,12 +158,13 @@ func FromStatus(err error) error {
 	if sentinel == nil {
 		return err
 	}
-	return &statusError{sentinel: sentinel, err: err}
+	return &statusError{sentinel: sentinel, err: err, field: fieldError(st)}
 }
 
 type statusError struct {
 	sentinel error
 	err      error
+	field    *record.FieldError // InvalidArgument naming its field, or nil
 }
 
 func (e *statusError) Error() string { return e.err.Error() }
