@@ -174,7 +174,10 @@ func TestEnumNames(t *testing.T) {
 }
 
 func TestNewInstancesEmptyAndSorted(t *testing.T) {
-	b, _ := json.Marshal(NewInstances(nil))
+	b, err := json.Marshal(NewInstances(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if string(b) != "[]" {
 		t.Errorf("no instances = %s, want []", b)
 	}
@@ -207,8 +210,8 @@ func TestCountServices(t *testing.T) {
 	}
 	wantKeys(t, "service counts", decode(t, got[0]), "service", "total", "starting", "serving",
 		"draining", "healthy", "degraded", "unavailable", "unknown")
-	if b, _ := json.Marshal(CountServices(nil)); string(b) != "[]" {
-		t.Errorf("no services = %s, want []", b)
+	if b, err := json.Marshal(CountServices(nil)); err != nil || string(b) != "[]" {
+		t.Errorf("no services = %s (%v), want []", b, err)
 	}
 }
 
