@@ -167,7 +167,11 @@ func apiClient(t *testing.T, addr string) registryv1.RegistryClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close client: %v", err)
+		}
+	})
 	return c.API()
 }
 
