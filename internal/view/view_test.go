@@ -407,7 +407,9 @@ func TestWriteInstances(t *testing.T) {
 	}
 
 	buf.Reset()
-	WriteInstances(&buf, nil, false, now)
+	if err := WriteInstances(&buf, nil, false, now); err != nil {
+		t.Fatal(err)
+	}
 	if buf.String() != "No instances found.\n" {
 		t.Errorf("empty = %q", buf.String())
 	}
@@ -434,7 +436,9 @@ func TestWriteInstance(t *testing.T) {
 
 func TestWriteServicesAndStatus(t *testing.T) {
 	var buf bytes.Buffer
-	WriteServices(&buf, []ServiceCounts{{Service: "orders", Total: 2, Serving: 1, Draining: 1, Unknown: 2}}, false)
+	if err := WriteServices(&buf, []ServiceCounts{{Service: "orders", Total: 2, Serving: 1, Draining: 1, Unknown: 2}}, false); err != nil {
+		t.Fatal(err)
+	}
 	want := [][]string{
 		{"SERVICE", "TOTAL", "SERVING", "DRAINING", "HEALTHY", "DEGRADED", "UNAVAILABLE", "UNKNOWN"},
 		{"orders", "2", "1", "1", "0", "0", "0", "2"},
@@ -444,8 +448,10 @@ func TestWriteServicesAndStatus(t *testing.T) {
 	}
 
 	buf.Reset()
-	WriteStatus(&buf, NewStatus(&registryv1.StatusResponse{Node: "rn", Revision: 7,
-		Members: []*registryv1.Member{{Id: 255, Name: "m1", ClientUrls: []string{"http://c"}, IsLeader: true}}}), false)
+	if err := WriteStatus(&buf, NewStatus(&registryv1.StatusResponse{Node: "rn", Revision: 7,
+		Members: []*registryv1.Member{{Id: 255, Name: "m1", ClientUrls: []string{"http://c"}, IsLeader: true}}}), false); err != nil {
+		t.Fatal(err)
+	}
 	out := buf.String()
 	for _, want := range []string{"Node:", "rn", "Revision:", "7", "MEMBER", "m1", "ff", "http://c", "yes"} {
 		if !strings.Contains(out, want) {
