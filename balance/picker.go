@@ -1,0 +1,199 @@
+package balance
+
+import (
+	"fmt"
+	rand "math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func unavailablef(format string, args ...any) error {
+	return status.Error(codes.Unavailable, fmt.Sprintf(format, args...))
+}
+
+// cand is one endpoint a picker may choose, at its weight of the moment
+// the picker was built (slow start included).
+type cand struct {
+	ep    *endpoint
+	pk    balancer.Picker // the pickfirst child's READY picker
+	w     uint64
+	id    string
+	picks *atomic.Int64
+}
+
+// picker is an immutable snapshot. The P2C path takes no lock: in-flight
+// counts are atomics, incremented on pick and decremented in Done.
+type picker struct {
+	sh       *shared
+	cands    []cand
+	cum      []uint64 // cumulative weights of cands, for weighted sampling
+	halfOpen []cand   // ejected endpoints whose ejection is over: one call at a time
+	err      error    // set when nothing can be called
+	final    bool     // err is a fact of the registry: do not retry it
+
+	wrrMu  sync.Mutex
+	wrrCur []int64 // smooth WRR's current weights, by cand
+}
+
+func (p *picker) init() {
+	p.cum = make([]uint64, len(p.cands))
+	var t uint64
+	for i, c := range p.cands {
+		t += c.w
+		p.cum[i] = t
+	}
+	p.wrrCur = make([]int64, len(p.cands))
+}
+
+func (p *picker) with(err error, final bool) *picker {
+	p.err, p.final = err, final
+	return p
+}
+
+func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	c := callFrom(info.Ctx)
+	if c != nil {
+		c.bind(p.sh)
+	}
+	if p.err != nil {
+		if p.err != balancer.ErrNoSubConnAvailable {
+			p.sh.metrics.noInstanceErrors.Add(1)
+			if c != nil && p.final {
+				c.markFinal()
+			}
+		}
+		return balancer.PickResult{}, p.err
+	}
+	for i := range p.halfOpen {
+		h := &p.halfOpen[i]
+		if c.tried(h.ep.key) || !h.ep.probing.CompareAndSwap(false, true) {
+			continue
+		}
+		res, err := p.use(h, info, c, true)
+		if err == nil {
+			p.sh.metrics.halfOpenProbes.Add(1)
+			return res, nil
+		}
+		h.ep.probing.Store(false)
+	}
+	var chosen *cand
+	if p.sh.policy.Picker == PickerWRR {
+		chosen = p.wrr(c)
+	} else {
+		chosen = p.p2c(c)
+	}
+	if chosen == nil {
+		if c != nil {
+			c.markFinal()
+		}
+		return balancer.PickResult{}, unavailablef("%s: every instance that can be called was already tried for this call", p.sh.service)
+	}
+	return p.use(chosen, info, c, false)
+}
+
+// p2c draws two candidates with probability proportional to weight and
+// keeps the one with fewer in-flight calls per unit of weight (seed 004's
+// score, active/weight); ties go to either at random. Drawing by weight
+// makes an idle channel (every score 0) split calls by weight; the score
+// moves load away from an instance that answers slowly.
+func (p *picker) p2c(c *call) *cand {
+	cands, cum := p.cands, p.cum
+	if c.anyTried() {
+		cands, cum = p.untried(c)
+	}
+	n := len(cands)
+	if n == 0 {
+		return nil
+	}
+	if n == 1 {
+		return &cands[0]
+	}
+	total := cum[n-1]
+	draw := func() *cand {
+		r := rand.Uint64N(total)
+		return &cands[sort.Search(n, func(i int) bool { return cum[i] > r })]
+	}
+	a, b := draw(), draw()
+	if a == b {
+		return a
+	}
+	// a.inflight/a.w vs b.inflight/b.w without division.
+	sa, sb := uint64(a.ep.inflight.Load())*b.w, uint64(b.ep.inflight.Load())*a.w
+	switch {
+	case sa < sb:
+		return a
+	case sb < sa:
+		return b
+	case rand.IntN(2) == 0:
+		return a
+	}
+	return b
+}
+
+func (p *picker) untried(c *call) ([]cand, []uint64) {
+	var out []cand
+	var cum []uint64
+	var t uint64
+	for _, x := range p.cands {
+		if !c.tried(x.ep.key) {
+			t += x.w
+			out, cum = append(out, x), append(cum, t)
+		}
+	}
+	return out, cum
+}
+
+// wrr is nginx's smooth weighted round robin: every candidate gains its
+// weight, the highest is chosen and loses the total. Over any window of
+// total picks each candidate gets exactly its weight's share, spread out.
+func (p *picker) wrr(c *call) *cand {
+	p.wrrMu.Lock()
+	defer p.wrrMu.Unlock()
+	best, total := -1, int64(0)
+	for i := range p.cands {
+		if c.anyTried() && c.tried(p.cands[i].ep.key) {
+			continue
+		}
+		w := int64(p.cands[i].w)
+		p.wrrCur[i] += w
+		total += w
+		if best < 0 || p.wrrCur[i] > p.wrrCur[best] {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	p.wrrCur[best] -= total
+	return &p.cands[best]
+}
+
+// use picks through the chosen child and wires the passive signals of
+// the call into Done: in-flight count, outlier detection, the retry
+// interceptor's record of attempts.
+func (p *picker) use(x *cand, info balancer.PickInfo, c *call, probe bool) (balancer.PickResult, error) {
+	res, err := x.pk.Pick(info)
+	if err != nil {
+		return res, err
+	}
+	ep := x.ep
+	ep.inflight.Add(1)
+	x.picks.Add(1)
+	at := c.record(ep.key, x.id)
+	next := res.Done
+	sh := p.sh
+	res.Done = func(di balancer.DoneInfo) {
+		ep.inflight.Add(-1)
+		c.finish(at, di)
+		ep.owner.done(ep, sh, di, probe)
+		if next != nil {
+			next(di)
+		}
+	}
+	return res, nil
+}
