@@ -345,21 +345,23 @@ func (b *lb) buildLocked(now time.Time) (balancer.Picker, connectivity.State, ti
 
 // nothingToCall says why no instance can be called. final errors are
 // facts of the registry that a retry a few milliseconds later would not
-// change.
+// change. They are plain errors, not statuses: grpc-go fails a call that
+// does not wait for ready with Unavailable and this message at once, and
+// lets a wait-for-ready call wait for a picker that can serve it.
 func (b *lb) nothingToCall(nonDraining int, lastErr error) (error, bool) {
 	svc, name := b.svc, b.target
 	switch {
 	case svc == nil && nonDraining == 0:
-		return unavailablef("%s: the resolver gave no instance", name), true
+		return errorf("%s: the resolver gave no instance", name), true
 	case svc == nil:
 	case !svc.Known:
-		return unavailablef("%s: registry not reached yet and no cached list", name), true
+		return errorf("%s: registry not reached yet and no cached list", name), true
 	case svc.Registered == 0:
-		return unavailablef("no instance of %s is registered", name), true
+		return errorf("no instance of %s is registered", name), true
 	case svc.Draining == svc.Registered && svc.Registered == 1:
-		return unavailablef("the only instance of %s is draining", name), true
+		return errorf("the only instance of %s is draining", name), true
 	case svc.Draining == svc.Registered:
-		return unavailablef("all %d instances of %s are draining", svc.Registered, name), true
+		return errorf("all %d instances of %s are draining", svc.Registered, name), true
 	}
 	msg := fmt.Sprintf("no instance of %s can be called: %d not draining, none of the callable ones is connected", name, nonDraining)
 	if svc != nil {
@@ -369,5 +371,7 @@ func (b *lb) nothingToCall(nonDraining int, lastErr error) (error, bool) {
 	if lastErr != nil {
 		msg += " (last connection error: " + lastErr.Error() + ")"
 	}
-	return unavailablef("%s", msg), false
+	return errorf("%s", msg), false
 }
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/attributes"
 	"google.golang.org/grpc/resolver"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
@@ -80,7 +79,8 @@ func (b *builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.Bu
 	select {
 	case <-sub.Ready():
 		r.update()
-	default: // the first snapshot's listener call will update
+	default: // no view yet: say so, so calls fail fast instead of hanging (the first snapshot's listener call updates)
+		r.update()
 	}
 	return r, nil
 }
@@ -96,26 +96,14 @@ type regResolver struct {
 	closed bool
 }
 
-// update pushes the routable instances of the current view to gRPC.
+// update pushes the current view to gRPC (see resolverState).
 func (r *regResolver) update() {
-	insts := r.sub.Instances(r.service)
-	addrs := make([]resolver.Address, 0, len(insts))
-	for _, in := range insts {
-		if !record.Routable(in) {
-			continue
-		}
-		attrs := attributes.New(AttrWeight, record.EffectiveWeight(in)).
-			WithValue(AttrZone, in.Zone).
-			WithValue(AttrHealth, in.GetHealth().GetState()).
-			WithValue(AttrID, in.Id)
-		addrs = append(addrs, resolver.Address{Addr: in.Address, BalancerAttributes: attrs})
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return
 	}
-	_ = r.cc.UpdateState(resolver.State{Addresses: addrs})
+	_ = r.cc.UpdateState(resolverState(r.sub, r.service, r.cc))
 }
 
 // ResolveNow pushes the current view again and makes the subscription

@@ -1,0 +1,156 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/serviceconfig"
+	"google.golang.org/grpc/status"
+
+	"github.com/regcluster/registry/balance"
+	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/regnodetest"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+// ParseServiceConfig lets fakeConn (resolver_test.go) take the service
+// config the resolver pushes: it refuses it, as a ClientConn with service
+// configs disabled would, and the resolver pushes the state without one.
+func (f *fakeConn) ParseServiceConfig(string) *serviceconfig.ParseResult {
+	return &serviceconfig.ParseResult{Err: errors.New("fakeConn parses no service config")}
+}
+
+func register(t *testing.T, api registryv1.RegistryClient, id, addr string, weight uint32) {
+	t.Helper()
+	if _, err := api.Register(context.Background(), &registryv1.RegisterRequest{Instance: &registryv1.Instance{
+		Service: "orders", Id: id, Address: addr, Weight: weight}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shares makes n calls and returns each backend's share in percent.
+func shares(t *testing.T, cc *grpc.ClientConn, n int, bs ...*backend) []float64 {
+	t.Helper()
+	hc := healthpb.NewHealthClient(cc)
+	before := make([]int64, len(bs))
+	for i, b := range bs {
+		before[i] = b.calls.Load()
+	}
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	out := make([]float64, len(bs))
+	for i, b := range bs {
+		out[i] = float64(b.calls.Load()-before[i]) * 100 / float64(n)
+	}
+	return out
+}
+
+func noSlowStart() *client.Policy {
+	p := client.DefaultPolicy()
+	p.SlowStartWindow = 0
+	return &p
+}
+
+// End to end on a real regnode: c.DialOptions() alone gives weighted
+// balancing over the registered instances, and so does
+// grpc.WithResolvers(c.ResolverBuilder()) alone, through the service
+// config the resolver pushes (pick_first, grpc-go's default, would send
+// every call to one instance).
+func TestDialOptionsBalanceByWeight(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Policy: noSlowStart()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bs := []*backend{startBackend(t), startBackend(t), startBackend(t)}
+	for i, w := range []uint32{100, 100, 200} {
+		register(t, c.API(), fmt.Sprintf("b%d", i), bs[i].addr, w)
+	}
+	for name, opts := range map[string][]grpc.DialOption{
+		"DialOptions":   c.DialOptions(),
+		"WithResolvers": {grpc.WithResolvers(c.ResolverBuilder()), grpc.WithTransportCredentials(insecure.NewCredentials())},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cc, err := grpc.NewClient("registry:///orders", opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			waitFor(t, 10*time.Second, "calls reaching all three", func() bool {
+				s := shares(t, cc, 30, bs...)
+				return s[0] > 0 && s[1] > 0 && s[2] > 0
+			})
+			got := shares(t, cc, 2000, bs...)
+			for i, want := range []float64{25, 25, 50} {
+				if math.Abs(got[i]-want) > 5 {
+					t.Errorf("b%d: %.1f%% of calls, want %.0f±5 (all %v)", i, got[i], want, got)
+				}
+			}
+		})
+	}
+	if c.Metrics().Counts().Picks["orders/b2"] == 0 {
+		t.Error("picks not counted in the client's metrics")
+	}
+}
+
+// A client that has not reached any regnode fails calls at once with a
+// message that says so, rather than "no instance" or a hang.
+func TestRegistryNotReachedFailsFast(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close()
+	c, err := client.New(client.Config{Endpoints: []string{dead}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cc, err := grpc.NewClient("registry:///orders", c.DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.Unavailable || status.Convert(err).Message() != "orders: registry not reached yet and no cached list" {
+		t.Fatalf("got %v", err)
+	}
+	if time.Since(start) > 10*time.Second {
+		t.Fatalf("the call waited %v", time.Since(start))
+	}
+}
+
+// Bad policies are refused by New, naming the field.
+func TestPolicyValidatedByNew(t *testing.T) {
+	p := client.DefaultPolicy()
+	p.MaxEjectionPercent = 101
+	if _, err := client.New(client.Config{Policy: &p}); !errors.Is(err, balance.ErrInvalidPolicy) || !strings.Contains(err.Error(), "maxEjectionPercent") {
+		t.Fatalf("bad Policy: %v", err)
+	}
+	p = client.DefaultPolicy()
+	p.Picker = "random"
+	if _, err := client.New(client.Config{Policies: map[string]client.Policy{"orders": p}}); !errors.Is(err, balance.ErrInvalidPolicy) || !strings.Contains(err.Error(), `"orders"`) {
+		t.Fatalf("bad Policies entry: %v", err)
+	}
+}
