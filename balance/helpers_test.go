@@ -199,11 +199,14 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// waitReady waits until a call succeeds on every backend of bs.
-func waitAllConnected(t *testing.T, c *channel, bs []*backend) {
+// waitAllConnected waits until a call succeeds on every backend of bs
+// and returns the number of calls it made.
+func waitAllConnected(t *testing.T, c *channel, bs []*backend) int64 {
 	t.Helper()
+	var n int64
 	waitFor(t, 10*time.Second, "every backend answering", func() bool {
 		_ = c.check("", 2*time.Second, grpc.WaitForReady(true))
+		n++
 		for _, b := range bs {
 			if b.calls.Load() == 0 {
 				return false
@@ -214,4 +217,5 @@ func waitAllConnected(t *testing.T, c *channel, bs []*backend) {
 	for _, b := range bs {
 		b.calls.Store(0)
 	}
+	return n
 }

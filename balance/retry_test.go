@@ -1,0 +1,137 @@
+package balance_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/regcluster/registry/balance"
+)
+
+// Every instance fails: each attempt of one call goes to a different
+// instance (as the backends saw them), and a method not named idempotent
+// is not retried once it reached an instance.
+func TestRetriesGoToAnotherInstance(t *testing.T) {
+	bs := startBackends(t, 3)
+	p := balance.DefaultPolicy()
+	p.Idempotent = []string{healthMethods}
+	m := balance.NewMetrics()
+	ch := newChannel(t, p, state(t, p, m, true, serving(bs[0], 100), serving(bs[1], 100), serving(bs[2], 100)))
+	waitAllConnected(t, ch, bs)
+	for _, b := range bs {
+		b.failWith.Store(int32(codes.Unavailable))
+	}
+	for i := range 4 {
+		id := fmt.Sprint("call-", i)
+		if err := ch.check(id, 10*time.Second); status.Code(err) != codes.Unavailable {
+			t.Fatalf("%s: %v", id, err)
+		}
+		for _, b := range bs {
+			if n := b.sawCall(id); n != 1 {
+				t.Fatalf("%s: %s saw %d attempts, want 1 (attempts go to distinct instances)", id, b.id, n)
+			}
+		}
+	}
+	if c := m.Counts(); c.Retries != 8 {
+		t.Fatalf("%d retries for 4 calls, want 8", c.Retries)
+	}
+
+	p.Idempotent = nil
+	ch2 := newChannel(t, p, state(t, p, m, true, serving(bs[0], 100), serving(bs[1], 100), serving(bs[2], 100)))
+	before := m.Counts().Retries
+	for i := range 20 {
+		id := fmt.Sprint("once-", i)
+		if err := ch2.check(id, 10*time.Second); status.Code(err) != codes.Unavailable {
+			t.Fatalf("%s: %v", id, err)
+		}
+		seen := 0
+		for _, b := range bs {
+			seen += b.sawCall(id)
+		}
+		if seen != 1 {
+			t.Fatalf("non-idempotent %s reached backends %d times", id, seen)
+		}
+	}
+	if m.Counts().Retries != before {
+		t.Fatal("a processed, non-idempotent call was retried")
+	}
+}
+
+// A call that never reached an instance (the balancer had nothing
+// connected) is retried even if not idempotent.
+func TestUnprocessedCallIsRetried(t *testing.T) {
+	b := startBackend(t, "b0")
+	p := balance.DefaultPolicy()
+	m := balance.NewMetrics()
+	ch := newChannel(t, p, state(t, p, m, true, serving(b, 100)))
+	waitAllConnected(t, ch, []*backend{b})
+	b.srv.Stop()
+	waitFor(t, 10*time.Second, "the failure to connect seen by the picker", func() bool {
+		return status.Code(ch.check("", 5*time.Second)) == codes.Unavailable && m.Counts().NoInstance > 0
+	})
+	before := m.Counts().Retries
+	if err := ch.check("", 5*time.Second); status.Code(err) != codes.Unavailable {
+		t.Fatal(err)
+	}
+	if n := m.Counts().Retries - before; n != 2 {
+		t.Fatalf("%d retries of an unprocessed call, want 2", n)
+	}
+}
+
+// Every instance failing: retries stay within the budget (20% of calls
+// plus 3/s over 10 s) and its exhaustion is counted.
+func TestRetryBudget(t *testing.T) {
+	bs := startBackends(t, 3)
+	p := balance.DefaultPolicy()
+	p.Idempotent = []string{healthMethods}
+	p.ConsecutiveFailures = 1000 // keep ejection out of this count
+	m := balance.NewMetrics()
+	ch := newChannel(t, p, state(t, p, m, true, serving(bs[0], 100), serving(bs[1], 100), serving(bs[2], 100)))
+	warmup := waitAllConnected(t, ch, bs)
+	for _, b := range bs {
+		b.failWith.Store(int32(codes.Unavailable))
+	}
+	const calls = 1000
+	start := time.Now()
+	for range calls {
+		_ = ch.check("", 5*time.Second)
+	}
+	// The window may have slid during the run: bound by its length.
+	windows := int64(time.Since(start)/p.RetryBudgetWindow) + 1
+	c := m.Counts()
+	limit := windows * ((calls+warmup)*int64(p.RetryBudgetPercent) + int64(p.RetryBudgetMinPerSecond)*10*100 + 99) / 100
+	var attempts int64
+	for _, b := range bs {
+		attempts += b.calls.Load()
+	}
+	t.Logf("%d calls: %d retries (limit %d), budget exhausted %d times", calls, c.Retries, limit, c.BudgetExhausted)
+	if c.Retries > limit || c.BudgetExhausted == 0 || attempts != calls+c.Retries {
+		t.Fatalf("retries %d (limit %d), exhausted %d, attempts %d", c.Retries, limit, c.BudgetExhausted, attempts)
+	}
+}
+
+// Against hanging backends a call returns at its deadline whatever the
+// retries: attempts share the caller's deadline.
+func TestDeadlineBoundsAllAttempts(t *testing.T) {
+	bs := startBackends(t, 3)
+	p := balance.DefaultPolicy()
+	p.Idempotent = []string{healthMethods}
+	ch := newChannel(t, p, state(t, p, nil, true, serving(bs[0], 100), serving(bs[1], 100), serving(bs[2], 100)))
+	waitAllConnected(t, ch, bs)
+	for _, b := range bs {
+		b.hang.Store(true)
+	}
+	for range 3 {
+		start := time.Now()
+		err := ch.check("", 200*time.Millisecond)
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d > 2*time.Second { // generous: not a timing test
+			t.Fatalf("a 200ms call took %v", d)
+		}
+	}
+}
