@@ -221,6 +221,7 @@ func (b *lb) publishLocked(now time.Time) {
 		return
 	}
 	pk, state, wake, panicking := b.buildLocked(now)
+	b.metrics.setWeights(b.target, pk.weights())
 	if panicking != b.panic {
 		b.panic = panicking
 		if panicking {
@@ -245,7 +246,7 @@ func (b *lb) publishLocked(now time.Time) {
 // may be called (routable, not ejected; everyone not draining in panic
 // mode), at what weight (slow start), and which ejected ones are due a
 // half-open call.
-func (b *lb) buildLocked(now time.Time) (balancer.Picker, connectivity.State, time.Time, bool) {
+func (b *lb) buildLocked(now time.Time) (*picker, connectivity.State, time.Time, bool) {
 	p := &b.sh.policy
 	var wake time.Time
 	soonest := func(t time.Time) {

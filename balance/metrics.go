@@ -20,12 +20,15 @@ type Metrics struct {
 	panicking        atomic.Int64 // channels in panic mode now
 	noInstanceErrors atomic.Int64
 
-	mu    sync.Mutex
-	picks map[string]*atomic.Int64 // by service/id
+	mu      sync.Mutex
+	picks   map[string]*atomic.Int64 // by service/id
+	weights map[string]*atomic.Int64 // by service/id: the weight the picker uses now
 }
 
 // NewMetrics returns zeroed counts.
-func NewMetrics() *Metrics { return &Metrics{picks: map[string]*atomic.Int64{}} }
+func NewMetrics() *Metrics {
+	return &Metrics{picks: map[string]*atomic.Int64{}, weights: map[string]*atomic.Int64{}}
+}
 
 // Counts is a copy of the counts at one moment.
 type Counts struct {
@@ -45,6 +48,9 @@ type Counts struct {
 	NoInstance int64
 	// Picks by "service/id".
 	Picks map[string]int64
+	// Weights by "service/id": the weight the latest picker gives the
+	// instance (slow start included); absent while it cannot be picked.
+	Weights map[string]int64
 }
 
 // Counts returns the current counts.
@@ -53,11 +59,16 @@ func (m *Metrics) Counts() Counts {
 		Ejections: m.ejections.Load(), Returns: m.returns.Load(), EjectionsCapped: m.ejectionsCapped.Load(),
 		HalfOpenProbes: m.halfOpenProbes.Load(), PanicEnters: m.panicEnters.Load(), PanicLeaves: m.panicLeaves.Load(),
 		Panicking: m.panicking.Load(), Retries: m.retries.Load(), BudgetExhausted: m.budgetExhausted.Load(),
-		NoInstance: m.noInstanceErrors.Load(), Picks: map[string]int64{},
+		NoInstance: m.noInstanceErrors.Load(), Picks: map[string]int64{}, Weights: map[string]int64{},
 	}
 	m.mu.Lock()
 	for k, v := range m.picks {
 		c.Picks[k] = v.Load()
+	}
+	for k, v := range m.weights {
+		if w := v.Load(); w > 0 {
+			c.Weights[k] = w
+		}
 	}
 	m.mu.Unlock()
 	return c
@@ -75,4 +86,26 @@ func (m *Metrics) pickCounter(service, id string) *atomic.Int64 {
 		m.picks[k] = c
 	}
 	return c
+}
+
+// setWeights records the weights of one service's latest picker.
+func (m *Metrics) setWeights(service string, w map[string]uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, v := range m.weights {
+		if len(k) > len(service) && k[:len(service)+1] == service+"/" {
+			if _, ok := w[k[len(service)+1:]]; !ok {
+				v.Store(0)
+			}
+		}
+	}
+	for id, x := range w {
+		k := service + "/" + id
+		v := m.weights[k]
+		if v == nil {
+			v = new(atomic.Int64)
+			m.weights[k] = v
+		}
+		v.Store(int64(x))
+	}
 }

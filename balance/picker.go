@@ -50,6 +50,17 @@ func (p *picker) init() {
 	p.wrrCur = make([]int64, len(p.cands))
 }
 
+func (p *picker) weights() map[string]uint64 {
+	w := make(map[string]uint64, len(p.cands)+len(p.halfOpen))
+	for _, c := range p.cands {
+		w[c.id] = c.w
+	}
+	for _, c := range p.halfOpen {
+		w[c.id] = c.w
+	}
+	return w
+}
+
 func (p *picker) with(err error, final bool) *picker {
 	p.err, p.final = err, final
 	return p

@@ -154,3 +154,60 @@ func TestPolicyValidatedByNew(t *testing.T) {
 		t.Fatalf("bad Policies entry: %v", err)
 	}
 }
+
+// Two independent clients compute the same slow-start weight for one
+// instance at the same moment, from the time in its record: one that
+// starts well after the instance became routable does not ramp it from
+// its own start.
+func TestTwoClientsRampInStep(t *testing.T) {
+	rn := regnodetest.Start(t)
+	p := client.DefaultPolicy()
+	p.SlowStartWindow = 12 * time.Second // steps at 4, 8 and 12 s
+	newC := func() (*client.Client, *grpc.ClientConn) {
+		c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Policy: &p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cc, err := grpc.NewClient("registry:///orders", c.DialOptions()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		cc.Connect()
+		return c, cc
+	}
+	b := startBackend(t)
+	c1, cc1 := newC()
+	register(t, c1.API(), "b0", b.addr, 200)
+	got, err := c1.API().Get(context.Background(), &registryv1.GetRequest{Service: "orders", Id: "b0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := got.GetInstance().GetRoutableSince().AsTime()
+	if got.GetInstance().GetRoutableSince() == nil || time.Since(since) > time.Minute {
+		t.Fatalf("routable_since %v not stamped at registration", got.GetInstance().GetRoutableSince())
+	}
+	if _, err := healthpb.NewHealthClient(cc1).Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the first step over", func() bool { return time.Since(since) >= p.SlowStartWindow/3 })
+	c2, cc2 := newC()
+	if _, err := healthpb.NewHealthClient(cc2).Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	var w1, w2, want int64
+	waitFor(t, 10*time.Second, "both clients at the record's step", func() bool {
+		pct, _ := balance.RampPercent(since, time.Now(), p.SlowStartWindow)
+		want = int64(200 * pct / 100)
+		w1, w2 = c1.Metrics().Counts().Weights["orders/b0"], c2.Metrics().Counts().Weights["orders/b0"]
+		if want == 200 {
+			t.Fatal("the ramp ended before both clients agreed on a step of it")
+		}
+		return w1 == want && w2 == want
+	})
+	if w2 <= 10 {
+		t.Fatalf("the late client ramps from its own start: weight %d", w2)
+	}
+	t.Logf("both clients at weight %d of 200", w2)
+}

@@ -36,6 +36,9 @@ func resolverState(sub *Subscription, service string, cc resolver.ClientConn) re
 			ID: in.Id, Zone: in.Zone, Weight: record.EffectiveWeight(in), Health: in.GetHealth().GetState(),
 			Lifecycle: in.GetLifecycle(), Routable: routable,
 		}
+		if ts := in.GetRoutableSince(); ts != nil {
+			bi.RoutableSince = ts.AsTime()
+		}
 		ep := balance.WithInstance(resolver.Endpoint{Addresses: []resolver.Address{{Addr: in.Address}}}, bi)
 		if !routable {
 			svc.Standby = append(svc.Standby, ep)

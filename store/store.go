@@ -117,6 +117,7 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 	inst.Health = nil // written only by the prober
 	inst.ModRevision, inst.CreateRevision = 0, 0
 	inst.RegisteredAt = timestamppb.New(s.now())
+	record.StampRoutable(nil, inst, s.now())
 	key := s.keys.Instance(inst.Service, inst.Id)
 
 	grant, err := s.cli.Grant(ctx, int64(ttl/time.Second))
@@ -239,6 +240,7 @@ func (s *Store) UpdateIf(ctx context.Context, service, id string, guard []client
 		if err := fn(next); err != nil {
 			return nil, 0, err
 		}
+		record.StampRoutable(cur, next, s.now())
 		if err := record.Validate(next); err != nil {
 			return nil, 0, err
 		}
