@@ -211,3 +211,69 @@ func TestTwoClientsRampInStep(t *testing.T) {
 	}
 	t.Logf("both clients at weight %d of 200", w2)
 }
+
+// End to end: 3 of 4 instances UNAVAILABLE in the registry (health
+// written as the prober writes it): calls spread over all 4 and the panic
+// counter moves; all drained: Unavailable with the draining message, at
+// once.
+func TestPanicAndAllDrainingEndToEnd(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Policy: noSlowStart()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := storeFor(t, rn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var bs []*backend
+	for i := range 4 {
+		b := startBackend(t)
+		bs = append(bs, b)
+		register(t, c.API(), fmt.Sprintf("b%d", i), b.addr, 100)
+	}
+	for i := 1; i < 4; i++ {
+		if _, _, err := st.Update(ctx, "orders", fmt.Sprintf("b%d", i), func(in *registryv1.Instance) error {
+			in.Health = &registryv1.Health{State: registryv1.HealthState_HEALTH_STATE_UNAVAILABLE, Reason: "test"}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc, err := grpc.NewClient("registry:///orders", c.DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	waitFor(t, 10*time.Second, "calls on all four in panic mode", func() bool {
+		s := shares(t, cc, 40, bs...)
+		return s[0] > 0 && s[1] > 0 && s[2] > 0 && s[3] > 0
+	})
+	got := shares(t, cc, 400, bs...)
+	for i, s := range got {
+		if s < 12 {
+			t.Errorf("b%d: %.1f%% of calls in panic mode (%v)", i, s, got)
+		}
+	}
+	if n := c.Metrics().Counts().PanicEnters; n == 0 {
+		t.Fatal("panic mode not counted")
+	}
+	for i := range 4 {
+		if _, err := c.API().Drain(ctx, &registryv1.DrainRequest{Service: "orders", Id: fmt.Sprintf("b%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hc := healthpb.NewHealthClient(cc)
+	waitFor(t, 10*time.Second, "the draining message", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("a call to an all-draining service waited: %v", err)
+		}
+		return status.Code(err) == codes.Unavailable && status.Convert(err).Message() == "all 4 instances of orders are draining"
+	})
+}
