@@ -163,7 +163,9 @@ func (c *Client) policyFor(service string) Policy {
 }
 
 // Metrics are the counts of every channel built with this Client's
-// resolver: picks, ejections, panic mode, retries.
+// resolver: picks and weights by instance, ejections, panic mode,
+// retries, budget exhaustion. It is a prometheus.Collector: register it
+// with the application's registry to export them (registry_client_*).
 func (c *Client) Metrics() *balance.Metrics { return c.metrics }
 
 // API is the raw registry.v1 client, for calls the SDK does not wrap.
