@@ -74,6 +74,9 @@ type Service struct {
 	// Metrics receives the balancer's and the interceptor's counts; nil
 	// gives each balancer its own.
 	Metrics *Metrics
+	// LocalZone is the caller's zone (client.Config.Zone): zone-aware
+	// routing prefers it while it has the capacity; "" turns it off.
+	LocalZone string
 	// Logger logs ejections, returns and panic mode (nil: slog.Default()).
 	Logger *slog.Logger
 }
@@ -85,7 +88,7 @@ func (s *Service) Equal(o any) bool {
 		return ok && s == os
 	}
 	if s.Name != os.Name || s.Known != os.Known || s.Registered != os.Registered || s.Draining != os.Draining ||
-		s.Metrics != os.Metrics || s.Logger != os.Logger || len(s.Standby) != len(os.Standby) {
+		s.Metrics != os.Metrics || s.Logger != os.Logger || s.LocalZone != os.LocalZone || len(s.Standby) != len(os.Standby) {
 		return false
 	}
 	for i := range s.Standby {

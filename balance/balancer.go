@@ -298,6 +298,7 @@ func (b *lb) buildLocked(now time.Time) (*picker, connectivity.State, time.Time,
 	panicking := p.PanicThresholdPercent > 0 && len(kids) > 0 && healthy*100 < p.PanicThresholdPercent*len(kids)
 
 	pk := &picker{sh: b.sh}
+	var cands []cand
 	connecting := false
 	var lastErr error
 	for _, k := range kids {
@@ -325,17 +326,20 @@ func (b *lb) buildLocked(now time.Time) (*picker, connectivity.State, time.Time,
 		pct, next := RampPercent(start, now, p.SlowStartWindow)
 		soonest(next)
 		w := max(uint64(in.Weight)*pct/100, 1)
-		c := cand{ep: ep, pk: k.state.Picker, w: w, id: in.ID, picks: ep.picks}
+		c := cand{ep: ep, pk: k.state.Picker, w: w, id: in.ID, zone: in.Zone, picks: ep.picks}
 		if halfOpen {
 			pk.halfOpen = append(pk.halfOpen, c)
 		} else {
-			pk.cands = append(pk.cands, c)
+			cands = append(cands, c)
 		}
 	}
 	b.ejectMu.Unlock()
-	pk.init()
+	pk.all = newSet(cands)
+	if !panicking && b.svc != nil {
+		pk.local, pk.remote, pk.pLocal = zoneSplit(cands, b.svc.LocalZone, p.ZoneMinInstances)
+	}
 	switch {
-	case len(pk.cands) > 0 || len(pk.halfOpen) > 0:
+	case len(cands) > 0 || len(pk.halfOpen) > 0:
 		return pk, connectivity.Ready, wake, panicking
 	case connecting:
 		return pk.with(balancer.ErrNoSubConnAvailable, false), connectivity.Connecting, wake, panicking

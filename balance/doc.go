@@ -53,6 +53,15 @@
 //     ones, calls spread over every non-draining instance, UNAVAILABLE and
 //     ejected included, rather than piling onto the few left. Entering and
 //     leaving is logged once and counted.
+//   - Zone-aware routing, with a caller zone (client.Config.Zone), after
+//     Envoy's rule: if the caller's zone holds at least its callers' share
+//     of the healthy weight, every call stays in the zone; otherwise only
+//     (zone's share / callers' share) of the calls do and the rest spill
+//     over to the other zones by weight. The callers' share is taken as
+//     even over the zones the service runs in, since a client does not see
+//     the other callers. ZoneMinInstances 6 (Envoy's min_cluster_size):
+//     with fewer healthy instances the shares are too coarse, and calls go
+//     by weight alone. Panic mode turns zone routing off.
 //   - MaxRetries 2 (seed 001: one or two), RetryBackoff 10ms up to 100ms,
 //     jittered: a retry goes to an instance not yet tried for the call, so
 //     it need not wait for the first one to recover. By default only what

@@ -113,6 +113,7 @@ type inst struct {
 	health    registryv1.HealthState
 	lifecycle registryv1.Lifecycle
 	since     time.Time
+	zone      string
 }
 
 func serving(b *backend, w uint32) inst {
@@ -124,12 +125,18 @@ func serving(b *backend, w uint32) inst {
 // only counted.
 func state(t *testing.T, p balance.Policy, m *balance.Metrics, known bool, insts ...inst) resolver.State {
 	t.Helper()
-	svc := &balance.Service{Name: "orders", Known: known, Registered: len(insts), Metrics: m}
+	return zoneState(t, "", m, known, insts...)
+}
+
+// zoneState is state with the caller in zone.
+func zoneState(t *testing.T, zone string, m *balance.Metrics, known bool, insts ...inst) resolver.State {
+	t.Helper()
+	svc := &balance.Service{Name: "orders", Known: known, Registered: len(insts), Metrics: m, LocalZone: zone}
 	var eps []resolver.Endpoint
 	for _, in := range insts {
 		routable := in.lifecycle == registryv1.Lifecycle_LIFECYCLE_SERVING && in.health != registryv1.HealthState_HEALTH_STATE_UNAVAILABLE
 		ep := balance.WithInstance(resolver.Endpoint{Addresses: []resolver.Address{{Addr: in.b.addr}}}, balance.Instance{
-			ID: in.b.id, Weight: in.weight, Health: in.health, Lifecycle: in.lifecycle, Routable: routable, RoutableSince: in.since})
+			ID: in.b.id, Zone: in.zone, Weight: in.weight, Health: in.health, Lifecycle: in.lifecycle, Routable: routable, RoutableSince: in.since})
 		switch {
 		case in.lifecycle == registryv1.Lifecycle_LIFECYCLE_DRAINING:
 			// As a standby endpoint, unlike package client's resolver:

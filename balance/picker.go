@@ -23,36 +23,47 @@ type cand struct {
 	pk    balancer.Picker // the pickfirst child's READY picker
 	w     uint64
 	id    string
+	zone  string
 	picks *atomic.Int64
+}
+
+// set is a group of candidates with what weighted picking needs.
+type set struct {
+	cands []cand
+	cum   []uint64 // cumulative weights, for weighted sampling
+
+	wrrMu  sync.Mutex
+	wrrCur []int64 // smooth WRR's current weights, by cand
+}
+
+func newSet(cands []cand) *set {
+	s := &set{cands: cands, cum: make([]uint64, len(cands)), wrrCur: make([]int64, len(cands))}
+	var t uint64
+	for i, c := range cands {
+		t += c.w
+		s.cum[i] = t
+	}
+	return s
 }
 
 // picker is an immutable snapshot. The P2C path takes no lock: in-flight
 // counts are atomics, incremented on pick and decremented in Done.
 type picker struct {
 	sh       *shared
-	cands    []cand
-	cum      []uint64 // cumulative weights of cands, for weighted sampling
-	halfOpen []cand   // ejected endpoints whose ejection is over: one call at a time
-	err      error    // set when nothing can be called
-	final    bool     // err is a fact of the registry: do not retry it
+	all      *set
+	halfOpen []cand // ejected endpoints whose ejection is over: one call at a time
+	err      error  // set when nothing can be called
+	final    bool   // err is a fact of the registry: do not retry it
 
-	wrrMu  sync.Mutex
-	wrrCur []int64 // smooth WRR's current weights, by cand
-}
-
-func (p *picker) init() {
-	p.cum = make([]uint64, len(p.cands))
-	var t uint64
-	for i, c := range p.cands {
-		t += c.w
-		p.cum[i] = t
-	}
-	p.wrrCur = make([]int64, len(p.cands))
+	// Zone-aware routing: with probability pLocal a call goes to local,
+	// otherwise to remote; nil local means no zone routing.
+	local, remote *set
+	pLocal        float64
 }
 
 func (p *picker) weights() map[string]uint64 {
-	w := make(map[string]uint64, len(p.cands)+len(p.halfOpen))
-	for _, c := range p.cands {
+	w := make(map[string]uint64, len(p.all.cands)+len(p.halfOpen))
+	for _, c := range p.all.cands {
 		w[c.id] = c.w
 	}
 	for _, c := range p.halfOpen {
@@ -92,11 +103,17 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 		h.ep.probing.Store(false)
 	}
-	var chosen *cand
-	if p.sh.policy.Picker == PickerWRR {
-		chosen = p.wrr(c)
-	} else {
-		chosen = p.p2c(c)
+	s := p.all
+	if p.local != nil {
+		if p.pLocal >= 1 || rand.Float64() < p.pLocal {
+			s = p.local
+		} else {
+			s = p.remote
+		}
+	}
+	chosen := p.choose(s, c)
+	if chosen == nil && s != p.all { // the zone's instances were all tried
+		chosen = p.choose(p.all, c)
 	}
 	if chosen == nil {
 		if c != nil {
@@ -107,15 +124,22 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	return p.use(chosen, info, c, false)
 }
 
+func (p *picker) choose(s *set, c *call) *cand {
+	if p.sh.policy.Picker == PickerWRR {
+		return s.wrr(c)
+	}
+	return s.p2c(c)
+}
+
 // p2c draws two candidates with probability proportional to weight and
 // keeps the one with fewer in-flight calls per unit of weight (seed 004's
 // score, active/weight); ties go to either at random. Drawing by weight
 // makes an idle channel (every score 0) split calls by weight; the score
 // moves load away from an instance that answers slowly.
-func (p *picker) p2c(c *call) *cand {
-	cands, cum := p.cands, p.cum
+func (s *set) p2c(c *call) *cand {
+	cands, cum := s.cands, s.cum
 	if c.anyTried() {
-		cands, cum = p.untried(c)
+		cands, cum = s.untried(c)
 	}
 	n := len(cands)
 	if n == 0 {
@@ -146,11 +170,11 @@ func (p *picker) p2c(c *call) *cand {
 	return b
 }
 
-func (p *picker) untried(c *call) ([]cand, []uint64) {
+func (s *set) untried(c *call) ([]cand, []uint64) {
 	var out []cand
 	var cum []uint64
 	var t uint64
-	for _, x := range p.cands {
+	for _, x := range s.cands {
 		if !c.tried(x.ep.key) {
 			t += x.w
 			out, cum = append(out, x), append(cum, t)
@@ -162,26 +186,27 @@ func (p *picker) untried(c *call) ([]cand, []uint64) {
 // wrr is nginx's smooth weighted round robin: every candidate gains its
 // weight, the highest is chosen and loses the total. Over any window of
 // total picks each candidate gets exactly its weight's share, spread out.
-func (p *picker) wrr(c *call) *cand {
-	p.wrrMu.Lock()
-	defer p.wrrMu.Unlock()
+func (s *set) wrr(c *call) *cand {
+	s.wrrMu.Lock()
+	defer s.wrrMu.Unlock()
 	best, total := -1, int64(0)
-	for i := range p.cands {
-		if c.anyTried() && c.tried(p.cands[i].ep.key) {
+	anyTried := c.anyTried()
+	for i := range s.cands {
+		if anyTried && c.tried(s.cands[i].ep.key) {
 			continue
 		}
-		w := int64(p.cands[i].w)
-		p.wrrCur[i] += w
+		w := int64(s.cands[i].w)
+		s.wrrCur[i] += w
 		total += w
-		if best < 0 || p.wrrCur[i] > p.wrrCur[best] {
+		if best < 0 || s.wrrCur[i] > s.wrrCur[best] {
 			best = i
 		}
 	}
 	if best < 0 {
 		return nil
 	}
-	p.wrrCur[best] -= total
-	return &p.cands[best]
+	s.wrrCur[best] -= total
+	return &s.cands[best]
 }
 
 // use picks through the chosen child and wires the passive signals of

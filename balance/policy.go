@@ -55,6 +55,10 @@ type Policy struct {
 	// mode off.
 	PanicThresholdPercent int
 
+	// ZoneMinInstances: zone-aware routing (with a caller zone set) only
+	// works over at least this many healthy instances.
+	ZoneMinInstances int
+
 	// MaxRetries after the first attempt (0..5).
 	MaxRetries int
 	// RetryBackoff is the base of the jittered exponential backoff
@@ -86,6 +90,7 @@ func DefaultPolicy() Policy {
 		MaxEjectionPercent:      50,
 		HalfOpenSuccesses:       2,
 		PanicThresholdPercent:   50,
+		ZoneMinInstances:        6,
 		MaxRetries:              2,
 		RetryBackoff:            10 * time.Millisecond,
 		RetryBackoffMax:         100 * time.Millisecond,
@@ -117,6 +122,8 @@ func (p Policy) Validate() error {
 		return bad("halfOpenSuccesses", "%d not in 1..100", p.HalfOpenSuccesses)
 	case p.PanicThresholdPercent < 0 || p.PanicThresholdPercent > 100:
 		return bad("panicThresholdPercent", "%d not in 0..100", p.PanicThresholdPercent)
+	case p.ZoneMinInstances < 1 || p.ZoneMinInstances > 10000:
+		return bad("zoneMinInstances", "%d not in 1..10000", p.ZoneMinInstances)
 	case p.MaxRetries < 0 || p.MaxRetries > 5:
 		return bad("maxRetries", "%d not in 0..5", p.MaxRetries)
 	case p.RetryBackoff <= 0 || p.RetryBackoff > time.Minute:
@@ -162,6 +169,7 @@ type policyJSON struct {
 	MaxEjectionPercent      *int      `json:"maxEjectionPercent,omitempty"`
 	HalfOpenSuccesses       *int      `json:"halfOpenSuccesses,omitempty"`
 	PanicThresholdPercent   *int      `json:"panicThresholdPercent,omitempty"`
+	ZoneMinInstances        *int      `json:"zoneMinInstances,omitempty"`
 	MaxRetries              *int      `json:"maxRetries,omitempty"`
 	RetryBackoff            *duration `json:"retryBackoff,omitempty"`
 	RetryBackoffMax         *duration `json:"retryBackoffMax,omitempty"`
@@ -196,7 +204,7 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		ConsecutiveFailures: &p.ConsecutiveFailures, BaseEjection: dur(p.BaseEjection),
 		MaxEjection: dur(p.MaxEjection), MaxEjectionPercent: &p.MaxEjectionPercent,
 		HalfOpenSuccesses: &p.HalfOpenSuccesses, PanicThresholdPercent: &p.PanicThresholdPercent,
-		MaxRetries: &p.MaxRetries, RetryBackoff: dur(p.RetryBackoff), RetryBackoffMax: dur(p.RetryBackoffMax),
+		ZoneMinInstances: &p.ZoneMinInstances, MaxRetries: &p.MaxRetries, RetryBackoff: dur(p.RetryBackoff), RetryBackoffMax: dur(p.RetryBackoffMax),
 		Idempotent: p.Idempotent, RetryBudgetPercent: &p.RetryBudgetPercent,
 		RetryBudgetMinPerSecond: &p.RetryBudgetMinPerSecond, RetryBudgetWindow: dur(p.RetryBudgetWindow),
 	})
@@ -236,6 +244,7 @@ func (p *Policy) UnmarshalJSON(b []byte) error {
 	setI(&p.MaxEjectionPercent, j.MaxEjectionPercent)
 	setI(&p.HalfOpenSuccesses, j.HalfOpenSuccesses)
 	setI(&p.PanicThresholdPercent, j.PanicThresholdPercent)
+	setI(&p.ZoneMinInstances, j.ZoneMinInstances)
 	setI(&p.MaxRetries, j.MaxRetries)
 	setD(&p.RetryBackoff, j.RetryBackoff)
 	setD(&p.RetryBackoffMax, j.RetryBackoffMax)

@@ -45,6 +45,10 @@ type Config struct {
 	Policy *Policy
 	// Policies are the policies of named services.
 	Policies map[string]Policy
+	// Zone is the caller's zone: channels prefer instances of this zone
+	// while it has enough healthy capacity, and spill over to the others
+	// otherwise (see package balance). "" routes without regard to zones.
+	Zone string
 }
 
 // Policy is the balancing and retry policy of the channels to one
@@ -66,6 +70,7 @@ type Client struct {
 	policy   Policy
 	policies map[string]Policy
 	metrics  *balance.Metrics
+	zone     string
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -127,7 +132,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
-		policy: policy, policies: policies, metrics: balance.NewMetrics(),
+		policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
 		shared: map[string]*shared{}}, nil
 }
 

@@ -277,3 +277,34 @@ func TestPanicAndAllDrainingEndToEnd(t *testing.T) {
 		return status.Code(err) == codes.Unavailable && status.Convert(err).Message() == "all 4 instances of orders are draining"
 	})
 }
+
+// Config.Zone reaches the balancer: with six instances over zones a and
+// b, a caller in a keeps ≥ 95% of its calls in a.
+func TestZoneEndToEnd(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Policy: noSlowStart(), Zone: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var bs []*backend
+	for i := range 6 {
+		b := startBackend(t)
+		bs = append(bs, b)
+		if _, err := c.API().Register(context.Background(), &registryv1.RegisterRequest{Instance: &registryv1.Instance{
+			Service: "orders", Id: fmt.Sprintf("b%d", i), Address: b.addr, Zone: []string{"a", "b"}[i%2]}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc, err := grpc.NewClient("registry:///orders", c.DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	cc.Connect()
+	waitFor(t, 10*time.Second, "six instances ready", func() bool { return len(c.Metrics().Counts().Weights) == 6 })
+	s := shares(t, cc, 1000, bs...)
+	if inA := s[0] + s[2] + s[4]; inA < 95 {
+		t.Fatalf("zone a got %.1f%% of calls (%v), want ≥ 95%%", inA, s)
+	}
+}

@@ -22,7 +22,7 @@ import (
 // balancer that is not ours cannot send them one either.
 func resolverState(sub *Subscription, service string, cc resolver.ClientConn) resolver.State {
 	c := sub.c
-	svc := &balance.Service{Name: service, Known: sub.Freshness().Known, Metrics: c.metrics, Logger: c.log}
+	svc := &balance.Service{Name: service, Known: sub.Freshness().Known, Metrics: c.metrics, Logger: c.log, LocalZone: c.zone}
 	insts := sub.Instances(service)
 	svc.Registered = len(insts)
 	var st resolver.State
