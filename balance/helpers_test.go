@@ -1,9 +1,13 @@
 package balance_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,7 +27,52 @@ import (
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		serveHelper() // a backend process for the kill -9 test
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+const helperEnv = "BALANCE_TEST_BACKEND_PROCESS"
+
+// serveHelper is the backend process: a gRPC health server on a loopback
+// port it prints, until killed.
+func serveHelper() {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, healthServer{b: &backend{id: os.Getenv(helperEnv), callIDs: map[string]int{}}})
+	fmt.Println(lis.Addr().String())
+	_ = srv.Serve(lis)
+	os.Exit(0)
+}
+
+// startProcess runs a backend in a process of its own (this test binary)
+// and returns it with its address; it is killed when the test ends.
+func startProcess(t *testing.T, id string) (*exec.Cmd, *backend) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+id)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("backend process %s: %v", id, err)
+	}
+	return cmd, &backend{id: id, addr: strings.TrimSpace(line)}
+}
 
 // backend is a real gRPC server on loopback answering the health Check
 // method. It fails every call with its code while one is set, counts the

@@ -2,6 +2,10 @@ package balance_test
 
 import (
 	"fmt"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,5 +137,57 @@ func TestDeadlineBoundsAllAttempts(t *testing.T) {
 		if d := time.Since(start); d > 2*time.Second { // generous: not a timing test
 			t.Fatalf("a 200ms call took %v", d)
 		}
+	}
+}
+
+// kill -9 of a backend process under load, the instance still registered
+// (HEALTHY in the registry until its lease would expire): with retries,
+// no idempotent call fails.
+func TestKillBackendProcessUnderLoad(t *testing.T) {
+	var procs []*exec.Cmd
+	var insts []inst
+	for i := range 3 {
+		cmd, b := startProcess(t, fmt.Sprint("p", i))
+		procs = append(procs, cmd)
+		insts = append(insts, serving(b, 100))
+	}
+	p := balance.DefaultPolicy()
+	p.Idempotent = []string{healthMethods}
+	m := balance.NewMetrics()
+	ch := newChannel(t, p, state(t, p, m, true, insts...))
+	waitFor(t, 10*time.Second, "three ready", func() bool { return len(m.Counts().Weights) == 3 })
+
+	const workers, perWorker = 8, 400
+	var (
+		wg     sync.WaitGroup
+		failed atomic.Int64
+		done   atomic.Int64
+		first  atomic.Value
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range perWorker {
+				if err := ch.check("", 5*time.Second); err != nil {
+					failed.Add(1)
+					first.CompareAndSwap(nil, err.Error())
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	waitFor(t, 30*time.Second, "load running", func() bool { return done.Load() > workers*perWorker/4 })
+	if err := procs[0].Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	c := m.Counts()
+	t.Logf("%d calls, %d failed, %d retries, picks %v", done.Load(), failed.Load(), c.Retries, c.Picks)
+	if failed.Load() != 0 {
+		t.Fatalf("%d of %d idempotent calls failed across a kill -9 (first: %v)", failed.Load(), done.Load(), first.Load())
+	}
+	if c.Picks["orders/p0"] == 0 {
+		t.Fatal("the killed backend never had traffic")
 	}
 }
