@@ -94,10 +94,11 @@ type shared struct {
 	budget  *budget
 	metrics *Metrics
 	service string
+	log     *slog.Logger
 }
 
 func (b *lb) newShared(p Policy) *shared {
-	return &shared{policy: p, budget: newBudget(p), metrics: b.metrics, service: b.target}
+	return &shared{policy: p, budget: newBudget(p), metrics: b.metrics, service: b.target, log: b.log}
 }
 
 func (b *lb) UpdateClientConnState(ccs balancer.ClientConnState) error {
@@ -125,7 +126,7 @@ func (b *lb) UpdateClientConnState(ccs balancer.ClientConnState) error {
 		}
 	}
 	b.svc = svc
-	if !policyEqual(b.sh.policy, p) || b.sh.metrics != b.metrics || b.sh.service != b.target {
+	if !policyEqual(b.sh.policy, p) || b.sh.metrics != b.metrics || b.sh.service != b.target || b.sh.log != b.log {
 		b.sh = b.newShared(p)
 	}
 	b.mu.Unlock()

@@ -74,6 +74,7 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 	now := time.Now()
 	var event func()
 	b.ejectMu.Lock()
+	id := ep.inst.ID // for the log, read under the lock
 	switch {
 	case probe && o == success:
 		ep.okInRow++
@@ -82,7 +83,7 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 			ep.returned, ep.recoveredAt = now, now
 			event = func() {
 				sh.metrics.returns.Add(1)
-				b.log.Info("instance back from ejection", "service", sh.service, "id", ep.inst.ID, "address", ep.key,
+				sh.log.Info("instance back from ejection", "service", sh.service, "id", id, "address", ep.key,
 					"reason", "half-open calls succeeded", "successes", p.HalfOpenSuccesses)
 			}
 		}
@@ -96,7 +97,7 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 		code, msg := status.Code(di.Err), status.Convert(di.Err).Message()
 		event = func() {
 			sh.metrics.ejections.Add(1)
-			b.log.Warn("instance ejected again", "service", sh.service, "id", ep.inst.ID, "address", ep.key,
+			sh.log.Warn("instance ejected again", "service", sh.service, "id", id, "address", ep.key,
 				"for", d, "reason", "half-open call failed", "code", code.String(), "error", msg)
 		}
 	case ep.ejected:
@@ -120,7 +121,7 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 		if (ejected+1)*100 > p.MaxEjectionPercent*b.nInst {
 			event = func() {
 				sh.metrics.ejectionsCapped.Add(1)
-				b.log.Warn("instance not ejected: too many ejected already", "service", sh.service, "id", ep.inst.ID,
+				sh.log.Warn("instance not ejected: too many ejected already", "service", sh.service, "id", id,
 					"address", ep.key, "ejected", ejected, "max_percent", p.MaxEjectionPercent,
 					"consecutive_failures", n, "code", code.String(), "error", msg)
 			}
@@ -134,7 +135,7 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 		ep.ejected, ep.until, ep.okInRow = true, now.Add(d), 0
 		event = func() {
 			sh.metrics.ejections.Add(1)
-			b.log.Warn("instance ejected", "service", sh.service, "id", ep.inst.ID, "address", ep.key, "for", d,
+			sh.log.Warn("instance ejected", "service", sh.service, "id", id, "address", ep.key, "for", d,
 				"reason", "consecutive failures", "failures", n, "code", code.String(), "error", msg)
 		}
 	}
