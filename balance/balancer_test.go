@@ -2,6 +2,7 @@ package balance_test
 
 import (
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,5 +129,34 @@ func TestNothingToCallSaysWhy(t *testing.T) {
 	ch.r.UpdateState(state(t, p, m, true, drain(bs[0]), serving(bs[1], 100)))
 	if err := ch.check("", 10*time.Second, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Under concurrent load P2C's in-flight score moves calls away from a
+// slow instance of equal weight.
+func TestP2CAvoidsTheSlowInstance(t *testing.T) {
+	bs := startBackends(t, 2)
+	p := balance.DefaultPolicy()
+	ch := newChannel(t, p, state(t, p, nil, true, serving(bs[0], 100), serving(bs[1], 100)))
+	waitAllConnected(t, ch, bs)
+	bs[1].delay.Store(int64(20 * time.Millisecond))
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				if err := ch.check("", 5*time.Second); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	fast, slow := bs[0].calls.Load(), bs[1].calls.Load()
+	t.Logf("fast %d, slow %d", fast, slow)
+	if slow*100 > 30*(fast+slow) {
+		t.Fatalf("the slow instance got %d of %d calls, want < 30%%", slow, fast+slow)
 	}
 }

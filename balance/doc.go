@@ -15,12 +15,14 @@
 //
 // # Picking
 //
-// Weighted power of two choices, least request (default, PickerP2C): two
-// candidates are drawn with probability proportional to their weight and
-// the one with fewer in-flight calls per unit of weight wins (seed 004's
-// active/weight score), ties at random. Drawing by weight makes an idle
-// channel split by weight exactly in expectation; the score moves load
-// off an instance that answers slowly. The pick takes no lock. Smooth
+// Weighted power of two choices, least request (default, PickerP2C): a
+// candidate is drawn with probability proportional to its weight, a
+// second one likewise among the others, and the second wins only with
+// fewer in-flight calls per unit of weight (seed 004's active/weight
+// score). A tie keeps the first, itself a weighted random draw, so an
+// idle channel splits by weight exactly in expectation, while under load
+// every pick compares two distinct instances and moves calls off one that
+// answers slowly. The pick takes no lock. Smooth
 // weighted round robin (PickerWRR, nginx's algorithm) is the option for
 // exact shares. The weight is the registry's, reduced while DEGRADED
 // (record.EffectiveWeight: a quarter). DRAINING instances are never

@@ -86,6 +86,7 @@ type backend struct {
 	accepted atomic.Int64
 	failWith atomic.Int32 // codes.Code; OK: answer
 	hang     atomic.Bool  // never answer (until the caller gives up)
+	delay    atomic.Int64 // answer after this long (ns)
 
 	mu      sync.Mutex
 	callIDs map[string]int
@@ -116,6 +117,9 @@ func (h healthServer) Check(ctx context.Context, _ *healthpb.HealthCheckRequest)
 		b.mu.Lock()
 		b.callIDs[md.Get("call-id")[0]]++
 		b.mu.Unlock()
+	}
+	if d := b.delay.Load(); d > 0 {
+		time.Sleep(time.Duration(d))
 	}
 	if b.hang.Load() {
 		<-ctx.Done()

@@ -131,11 +131,13 @@ func (p *picker) choose(s *set, c *call) *cand {
 	return s.p2c(c)
 }
 
-// p2c draws two candidates with probability proportional to weight and
-// keeps the one with fewer in-flight calls per unit of weight (seed 004's
-// score, active/weight); ties go to either at random. Drawing by weight
-// makes an idle channel (every score 0) split calls by weight; the score
-// moves load away from an instance that answers slowly.
+// p2c draws a candidate with probability proportional to weight, then a
+// second one the same way among the others, and keeps the second only if
+// it has fewer in-flight calls per unit of weight (seed 004's score,
+// active/weight). On a tie the first stays: it was itself a weighted
+// random draw, so an idle channel (every score 0) splits calls exactly by
+// weight, and under load every pick compares two distinct instances,
+// which moves calls away from one that answers slowly.
 func (s *set) p2c(c *call) *cand {
 	cands, cum := s.cands, s.cum
 	if c.anyTried() {
@@ -149,25 +151,34 @@ func (s *set) p2c(c *call) *cand {
 		return &cands[0]
 	}
 	total := cum[n-1]
-	draw := func() *cand {
-		r := rand.Uint64N(total)
-		return &cands[sort.Search(n, func(i int) bool { return cum[i] > r })]
-	}
-	a, b := draw(), draw()
-	if a == b {
-		return a
-	}
-	// a.inflight/a.w vs b.inflight/b.w without division.
-	sa, sb := uint64(a.ep.inflight.Load())*b.w, uint64(b.ep.inflight.Load())*a.w
-	switch {
-	case sa < sb:
-		return a
-	case sb < sa:
+	ia := drawIndex(cum, rand.Uint64N(total))
+	a := &cands[ia]
+	b := &cands[drawOther(cum, ia, rand.Uint64N(total-a.w))]
+	// b.inflight/b.w < a.inflight/a.w without division.
+	if uint64(b.ep.inflight.Load())*a.w < uint64(a.ep.inflight.Load())*b.w {
 		return b
-	case rand.IntN(2) == 0:
-		return a
 	}
-	return b
+	return a
+}
+
+// drawIndex maps r in [0, total weight) to the candidate whose range of
+// the cumulative weights holds it.
+func drawIndex(cum []uint64, r uint64) int {
+	return sort.Search(len(cum), func(i int) bool { return cum[i] > r })
+}
+
+// drawOther maps r in [0, total weight − weight of ia) to a candidate
+// other than ia, each with probability proportional to its weight: r
+// skips ia's range.
+func drawOther(cum []uint64, ia int, r uint64) int {
+	lo := uint64(0)
+	if ia > 0 {
+		lo = cum[ia-1]
+	}
+	if r >= lo {
+		r += cum[ia] - lo
+	}
+	return drawIndex(cum, r)
 }
 
 func (s *set) untried(c *call) ([]cand, []uint64) {
