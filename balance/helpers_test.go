@@ -131,7 +131,7 @@ func (h healthServer) Check(ctx context.Context, _ *healthpb.HealthCheckRequest)
 	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
 }
 
-func startBackend(t *testing.T, id string) *backend {
+func startBackend(t testing.TB, id string) *backend {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,6 +1,7 @@
 package balance_test
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/balance"
@@ -82,6 +84,16 @@ func TestUnprocessedCallIsRetried(t *testing.T) {
 	}
 	if n := m.Counts().Retries - before; n != 2 {
 		t.Fatalf("%d retries of an unprocessed call, want 2", n)
+	}
+	// The start of a stream likewise.
+	before = m.Counts().Retries
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := ch.hc.Watch(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.Unavailable {
+		t.Fatal(err)
+	}
+	if n := m.Counts().Retries - before; n != 2 {
+		t.Fatalf("%d retries of an unprocessed stream start, want 2", n)
 	}
 }
 
