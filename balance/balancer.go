@@ -222,7 +222,6 @@ func (b *lb) publishLocked(now time.Time) {
 		return
 	}
 	pk, state, wake, panicking := b.buildLocked(now)
-	b.metrics.setWeights(b.target, pk.weights())
 	if panicking != b.panic {
 		b.panic = panicking
 		if panicking {
@@ -241,6 +240,8 @@ func (b *lb) publishLocked(now time.Time) {
 		b.poke()
 	}
 	b.ClientConn.UpdateState(balancer.State{ConnectivityState: state, Picker: pk})
+	// After the picker is in place: a weight seen here is in use.
+	b.metrics.setWeights(b.target, pk.weights())
 }
 
 // buildLocked turns the children's states into a picker: which endpoints

@@ -49,7 +49,8 @@ type Counts struct {
 	// Picks by "service/id".
 	Picks map[string]int64
 	// Weights by "service/id": the weight the latest picker gives the
-	// instance (slow start included); absent while it cannot be picked.
+	// instance (slow start included); absent while it cannot be picked
+	// or is ejected.
 	Weights map[string]int64
 }
 

@@ -46,7 +46,12 @@ func TestFailingInstanceIsEjectedAndComesBack(t *testing.T) {
 	if m.Counts().Ejections == 0 {
 		t.Fatalf("not ejected after 100 calls (the sick one got %d)", sick.calls.Load())
 	}
-	// Ejected: every call the sick one still gets is a half-open probe.
+	// Ejected (once the picker without it is in place): every call the
+	// sick one still gets is a half-open probe.
+	waitFor(t, 10*time.Second, "a picker without the ejected one", func() bool {
+		_, in := m.Counts().Weights["orders/b0"]
+		return !in
+	})
 	c0, p0 := sick.calls.Load(), m.Counts().HalfOpenProbes
 	call(1900)
 	if got, probes := sick.calls.Load()-c0, m.Counts().HalfOpenProbes-p0; got != probes {

@@ -61,12 +61,11 @@ type picker struct {
 	pLocal        float64
 }
 
+// weights are the weights of the candidates (ejected ones, even due a
+// half-open call, are not candidates).
 func (p *picker) weights() map[string]uint64 {
-	w := make(map[string]uint64, len(p.all.cands)+len(p.halfOpen))
+	w := make(map[string]uint64, len(p.all.cands))
 	for _, c := range p.all.cands {
-		w[c.id] = c.w
-	}
-	for _, c := range p.halfOpen {
 		w[c.id] = c.w
 	}
 	return w

@@ -60,7 +60,8 @@ func TestZoneAwareRouting(t *testing.T) {
 	bs[0].failWith.Store(int32(codes.Unavailable))
 	waitFor(t, 10*time.Second, "the failing one ejected", func() bool {
 		_, _ = inZone(10)
-		return m.Counts().Ejections > 0
+		_, in := m.Counts().Weights["orders/b0"]
+		return m.Counts().Ejections > 0 && !in
 	})
 	if a, b := inZone(300); a > 10 {
 		t.Fatalf("%d of %d calls still went to ejected zone a", a, a+b)
