@@ -9,15 +9,18 @@
 //
 // The rules, with the defaults N=3, M=5, K=3, L=5 of Thresholds:
 //
-//	UNKNOWN     -> HEALTHY      on the first result, if it is OK
-//	UNKNOWN     -> DEGRADED     on the first result, if it is anything else
+//	UNKNOWN     -> HEALTHY      on the first answer, if it is OK
+//	UNKNOWN     -> DEGRADED     on the first answer, if it is slow
+//	UNKNOWN     -> UNAVAILABLE  after N consecutive failures before any answer
 //	HEALTHY     -> DEGRADED     after N consecutive failed or slow results
 //	DEGRADED    -> UNAVAILABLE  after M consecutive failures (slow is not one)
 //	DEGRADED    -> HEALTHY      after K consecutive OK results
 //	UNAVAILABLE -> DEGRADED     after L consecutive responses (OK or slow)
 //
-// UNAVAILABLE never goes straight to HEALTHY, and every transition is between
-// adjacent states. Both counters restart from zero on every transition.
+// UNKNOWN is the state of an instance never seen healthy: failures keep it
+// out of DEGRADED (which routes), so an instance that has not answered once
+// is never routable. UNAVAILABLE never goes straight to HEALTHY, and every
+// other transition is between adjacent states. Both counters restart from zero on every transition.
 // Failures are the outcomes Timeout, Error and Unhealthy; a slow answer is a
 // response, not a failure: it degrades a HEALTHY instance but never makes
 // one UNAVAILABLE.

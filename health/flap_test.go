@@ -62,10 +62,13 @@ func flapStep(x flapState, fail bool) (flapState, [2]registryv1.HealthState, boo
 	}
 	switch x.state {
 	case unknown:
-		if fail {
-			return move(degraded)
+		x.s = 0 // irrelevant in UNKNOWN
+		if !fail {
+			return move(healthy)
 		}
-		return move(healthy)
+		if x.f >= th.FailuresToDegraded {
+			return move(unavailable)
+		}
 	case healthy:
 		x.s = 0 // irrelevant in HEALTHY: keep the chain small
 		if x.f >= th.FailuresToDegraded {
@@ -226,6 +229,7 @@ func TestFlapping20Percent(t *testing.T) {
 	}{
 		{[2]registryv1.HealthState{unknown, healthy}, 2},
 		{[2]registryv1.HealthState{unknown, degraded}, 2},
+		{[2]registryv1.HealthState{unknown, unavailable}, 2},
 		{[2]registryv1.HealthState{healthy, degraded}, 140},
 		{[2]registryv1.HealthState{degraded, healthy}, 140},
 		{[2]registryv1.HealthState{degraded, unavailable}, 20},

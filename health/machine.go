@@ -79,9 +79,9 @@ func (m Machine) Reason() string { return m.reason }
 func (m Machine) Thresholds() Thresholds { return m.t }
 
 // Counters returns the current consecutive runs: failures counts toward
-// leaving HEALTHY (failed or slow results) or DEGRADED downwards (failures
-// only); successes counts toward leaving DEGRADED upwards (OK results) or
-// UNAVAILABLE (OK or slow results). Both are zero right after a transition.
+// leaving HEALTHY (failed or slow results), DEGRADED downwards or UNKNOWN
+// (failures only); successes counts toward leaving DEGRADED upwards (OK
+// results) or UNAVAILABLE (OK or slow results). Both are zero right after a transition.
 func (m Machine) Counters() (failures, successes int) { return m.failures, m.successes }
 
 // Observe applies one result and returns the transition it caused, if the
@@ -130,11 +130,24 @@ func (m *Machine) Observe(r Result) (Transition, bool) {
 		if m.successes >= atLeast1(m.t.SuccessesToDegraded) {
 			return m.move(degraded, r, responseReason(m.successes, m.slowInRun))
 		}
-	default: // UNKNOWN: the first result decides.
-		if r.Outcome == OK {
+	default:
+		// UNKNOWN: never seen healthy (not probed yet, or never answered).
+		// The first answer decides; failures before it never make the
+		// instance DEGRADED (which routes): after N of them in a row it is
+		// UNAVAILABLE, like a readiness probe that never passed.
+		switch r.Outcome {
+		case OK:
 			return m.move(healthy, r, "first probe ok")
+		case Slow:
+			return m.move(degraded, r, "first probe "+firstVerb(r))
 		}
-		return m.move(degraded, r, "first probe "+firstVerb(r))
+		m.failure(r)
+		if m.failures >= atLeast1(m.t.FailuresToDegraded) {
+			if m.failures == 1 {
+				return m.move(unavailable, r, "first probe "+firstVerb(r))
+			}
+			return m.move(unavailable, r, "never healthy: "+m.failureReason())
+		}
 	}
 	return Transition{}, false
 }

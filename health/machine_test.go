@@ -55,17 +55,32 @@ func TestMachineTransitions(t *testing.T) {
 		end         registryv1.HealthState
 		fails, succ int
 	}{
-		// UNKNOWN: the first result decides.
+		// UNKNOWN (never seen healthy): the first answer decides; failures
+		// before it lead to UNAVAILABLE after N=3, never to DEGRADED.
 		{name: "first ok", from: unknown, script: "o",
 			want: []step{{0, healthy, "first probe ok"}}, end: healthy},
 		{name: "first slow", from: unknown, script: "s",
 			want: []step{{0, degraded, "first probe slow: " + slowDetail}}, end: degraded},
-		{name: "first timeout", from: unknown, script: "t",
-			want: []step{{0, degraded, "first probe timed out after 500ms"}}, end: degraded},
-		{name: "first error", from: unknown, script: "e",
-			want: []step{{0, degraded, "first probe failed: connection refused"}}, end: degraded},
-		{name: "first unhealthy", from: unknown, script: "u",
-			want: []step{{0, degraded, "first probe unhealthy: HTTP 503"}}, end: degraded},
+		{name: "first timeout stays unknown", from: unknown, script: "t", end: unknown, fails: 1},
+		{name: "never healthy 3 timeouts", from: unknown, script: "ttt",
+			want: []step{{2, unavailable, "never healthy: 3 consecutive timeouts after 500ms"}}, end: unavailable},
+		{name: "never healthy 3 errors", from: unknown, script: "eee",
+			want: []step{{2, unavailable, "never healthy: 3 consecutive errors: connection refused"}}, end: unavailable},
+		{name: "never healthy 3 unhealthy", from: unknown, script: "uuu",
+			want: []step{{2, unavailable, "never healthy: 3 consecutive unhealthy answers: HTTP 503"}}, end: unavailable},
+		{name: "never healthy mixed", from: unknown, script: "teu",
+			want: []step{{2, unavailable, "never healthy: 3 consecutive failures (1 timeout, 1 error, 1 unhealthy answer), last unhealthy: HTTP 503"}}, end: unavailable},
+		{name: "never healthy stays unavailable", from: unknown, script: "eeeeeeee",
+			want: []step{{2, unavailable, "never healthy: 3 consecutive errors: connection refused"}}, end: unavailable, fails: 5},
+		{name: "failures then first ok", from: unknown, script: "eeo",
+			want: []step{{2, healthy, "first probe ok"}}, end: healthy},
+		{name: "failures then first slow", from: unknown, script: "ees",
+			want: []step{{2, degraded, "first probe slow: " + slowDetail}}, end: degraded},
+		{name: "never healthy recovers through degraded", from: unknown, script: "eeeooooo",
+			want: []step{{2, unavailable, "never healthy: 3 consecutive errors: connection refused"},
+				{7, degraded, "5 consecutive responses after being unavailable"}}, end: degraded},
+		{name: "never healthy, threshold 1", th: &Thresholds{1, 5, 3, 5, 100 * time.Millisecond}, from: unknown, script: "t",
+			want: []step{{0, unavailable, "first probe timed out after 500ms"}}, end: unavailable},
 
 		// HEALTHY -> DEGRADED after N=3 failed or slow results.
 		{name: "healthy 3 timeouts", from: healthy, script: "ttt",
@@ -139,8 +154,8 @@ func TestMachineTransitions(t *testing.T) {
 			}, end: healthy},
 		{name: "unset outcome is an error", from: healthy, script: "xxx",
 			want: []step{{2, degraded, "3 consecutive errors: invalid probe outcome(0)"}}, end: degraded},
-		{name: "unset outcome first", from: unknown, script: "x",
-			want: []step{{0, degraded, "first probe failed: invalid probe outcome(0)"}}, end: degraded},
+		{name: "unset outcome first", from: unknown, script: "xxx",
+			want: []step{{2, unavailable, "never healthy: 3 consecutive errors: invalid probe outcome(0)"}}, end: unavailable},
 		{name: "invalid stored state starts unknown", from: registryv1.HealthState(42), script: "o",
 			want: []step{{0, healthy, "first probe ok"}}, end: healthy},
 	}

@@ -45,6 +45,7 @@ func run(m *Machine, script string, offset int) []Transition {
 var adjacent = map[[2]registryv1.HealthState]bool{
 	{unknown, healthy}:      true,
 	{unknown, degraded}:     true,
+	{unknown, unavailable}:  true, // never seen healthy: not adjacent, but never routable
 	{healthy, degraded}:     true,
 	{degraded, healthy}:     true,
 	{degraded, unavailable}: true,
@@ -52,7 +53,8 @@ var adjacent = map[[2]registryv1.HealthState]bool{
 }
 
 // Properties (a) and (c): whatever the thresholds, starting state and
-// results, transitions are only between adjacent states, so never
+// results, transitions are only between adjacent states (or UNKNOWN to
+// UNAVAILABLE for an instance never seen healthy), so never
 // UNAVAILABLE -> HEALTHY, never back to UNKNOWN; each one leaves the state
 // the machine was in, and restarts both runs.
 func TestPropertyOnlyAdjacentTransitions(t *testing.T) {
@@ -147,6 +149,38 @@ func TestPropertyDeterministic(t *testing.T) {
 		tc, td := run(&c, script[split:], split), run(&d, script[split:], split)
 		if len(tc) != len(td) || c != d || c != a {
 			t.Fatalf("a copy at %d diverged: %v vs %v", split, tc, td)
+		}
+	})
+}
+
+// Property (e): an instance never seen healthy (UNKNOWN) is not routable
+// until it answers: whatever the thresholds, a run of failures from UNKNOWN
+// ends in UNKNOWN or UNAVAILABLE, never DEGRADED or HEALTHY, and the first
+// answer then decides (OK: HEALTHY, slow: DEGRADED).
+func TestPropertyNeverHealthyNeverDegradesOnFailures(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		th := drawThresholds(t)
+		m := NewMachine(th, unknown, t0)
+		failures := string(rapid.SliceOfN(rapid.SampledFrom([]byte("teux")), 0, 50).Draw(t, "failures"))
+		for i := range len(failures) {
+			m.Observe(res(failures[i], i))
+			if s := m.State(); s != unknown && s != unavailable {
+				t.Fatalf("result %d (%c) of only failures: %v (%s)", i, failures[i], s, m.Reason())
+			}
+		}
+		if want := min(len(failures), th.FailuresToDegraded) == th.FailuresToDegraded; want != (m.State() == unavailable) {
+			t.Fatalf("after %d failures (N=%d): %v", len(failures), th.FailuresToDegraded, m.State())
+		}
+		if m.State() == unknown {
+			answer := rapid.SampledFrom([]byte("os")).Draw(t, "answer")
+			m.Observe(res(answer, len(failures)))
+			want := healthy
+			if answer == 's' {
+				want = degraded
+			}
+			if m.State() != want {
+				t.Fatalf("first answer %c after %d failures: %v, want %v", answer, len(failures), m.State(), want)
+			}
 		}
 	})
 }

@@ -309,14 +309,16 @@ func Check(events []Event, upTo int64, subs []*Subscriber, open []string) Report
 			delete(draining, ev.Key)
 		}
 		// Only a put that changed the health is a prober's write; other
-		// writers (drains) carry the health they read.
+		// writers (drains) carry the health they read, and a registration
+		// (the put that creates the key) carries the health saved from
+		// before a lost lease: the prober only ever updates a key.
 		prev := lastHealth[ev.Key]
 		if in == nil {
 			delete(lastHealth, ev.Key)
 		} else {
 			lastHealth[ev.Key] = in.Health
 		}
-		if in != nil && in.Health != nil && in.Health.Fence != 0 && !proto.Equal(prev, in.Health) {
+		if in != nil && ev.Rev != ev.Create && in.Health != nil && in.Health.Fence != 0 && !proto.Equal(prev, in.Health) {
 			rep.HealthWrites++
 			if l := leader(); l != in.Health.Fence {
 				rep.fail("revision %d: %s health %v written by %s under fence %d, but the leader's fence then was %d",

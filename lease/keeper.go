@@ -113,6 +113,10 @@ type Keeper struct {
 		inst   *registryv1.Instance
 		status Status
 		closed bool
+		// pending: a Drain or Serve came while the record was gone (a
+		// lost lease); the next registration applies it, since the
+		// registry otherwise restores the lifecycle it saved.
+		pending bool
 	}
 }
 
@@ -199,7 +203,31 @@ func (k *Keeper) register(ctx context.Context) error {
 		s.Registered, s.LeaseID, s.TTL, s.LastError = true, g.LeaseID, g.TTL, nil
 		s.Registrations++
 	})
+	k.applyPending(rctx)
 	return nil
+}
+
+// applyPending writes a lifecycle change made while the record was gone.
+// A failure leaves it pending for the next registration, and is logged:
+// the registration itself stands.
+func (k *Keeper) applyPending(ctx context.Context) {
+	k.mu.Lock()
+	pending := k.mu.pending
+	service, id, lc, reason := k.mu.inst.Service, k.mu.inst.Id, k.mu.inst.Lifecycle, k.mu.inst.LifecycleReason
+	k.mu.Unlock()
+	if !pending {
+		return
+	}
+	if err := k.backend.SetLifecycle(ctx, service, id, lc, reason); err != nil {
+		k.log.Warn("lifecycle set while unregistered not applied yet", "lifecycle", lc.String(), "err", err)
+		return
+	}
+	k.mu.Lock()
+	// Unless another change came meanwhile: it is pending still.
+	if k.mu.inst.Lifecycle == lc && k.mu.inst.LifecycleReason == reason {
+		k.mu.pending = false
+	}
+	k.mu.Unlock()
 }
 
 func (k *Keeper) setStatus(f func(*Status)) {
@@ -293,7 +321,9 @@ func (k *Keeper) Instance() *registryv1.Instance {
 }
 
 // Drain marks the instance DRAINING (no new requests) with reason. It also
-// holds across re-registrations.
+// holds across re-registrations: the registry keeps the lifecycle of a
+// record registered again after a lost lease, and a Drain made while the
+// record is gone is applied once it is back.
 func (k *Keeper) Drain(ctx context.Context, reason string) error {
 	return k.setLifecycle(ctx, registryv1.Lifecycle_LIFECYCLE_DRAINING, reason)
 }
@@ -314,8 +344,17 @@ func (k *Keeper) setLifecycle(ctx context.Context, lc registryv1.Lifecycle, reas
 	k.mu.Unlock()
 	err := k.backend.SetLifecycle(ctx, service, id, lc, reason)
 	if errors.Is(err, record.ErrNotFound) {
-		// Between a lost lease and the next registration: the new record
-		// will carry the lifecycle set above.
+		// Between a lost lease and the next registration: that
+		// registration applies it.
+		k.mu.Lock()
+		k.mu.pending = true
+		k.mu.Unlock()
+		// A registration may have landed since the write was refused,
+		// before pending was set: apply it now if so (if the record is
+		// still gone, it stays pending).
+		if k.Registered() {
+			k.applyPending(ctx)
+		}
 		return nil
 	}
 	return err

@@ -182,9 +182,11 @@ func TestStartRefusesBadInputAndDuplicates(t *testing.T) {
 	if _, err := lease.Start(ctx, lease.NewEtcdBackend(s), inst(), lease.Config{}); !errors.Is(err, record.ErrAlreadyExists) {
 		t.Fatalf("second owner of the same id: %v", err)
 	}
-	resp, _ := cli.Get(ctx, "", clientv3.WithPrefix())
-	if resp.Count != 1 {
-		t.Fatalf("etcd holds %d keys, want 1", resp.Count)
+	for _, prefix := range []string{s.Keys().Instances(), s.States()} {
+		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil || resp.Count != 1 {
+			t.Fatalf("etcd holds %d keys under %s (%v), want the first owner's only", resp.Count, prefix, err)
+		}
 	}
 }
 

@@ -20,10 +20,19 @@ import (
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
+// steadyTimeout is the default probe timeout of the tests' probers: far
+// above anything a loopback target takes on a loaded machine, so a probe
+// expected to answer never times out instead.
+const steadyTimeout = 10 * time.Second
+
 // newProber returns a Prober closed when the test ends (before the servers
-// the test started earlier).
+// the test started earlier). Its default timeout is steadyTimeout unless
+// cfg sets one.
 func newProber(t testing.TB, cfg Config) *Prober {
 	t.Helper()
+	if cfg.DefaultTimeout == 0 {
+		cfg.DefaultTimeout = steadyTimeout
+	}
 	p := New(cfg)
 	t.Cleanup(func() {
 		if err := p.Close(); err != nil {

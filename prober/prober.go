@@ -3,7 +3,14 @@
 // transitions) through the leader's fence. Probes are spread over the
 // interval with jitter, run with bounded concurrency, and never run closer
 // than a floor interval for one instance. On taking over, the prober starts
-// from the health stored in etcd, not from HEALTHY.
+// from the health stored in etcd, not from HEALTHY. An instance registered
+// (or registered anew) is probed at once, so it becomes routable as soon as
+// it answers; on taking over, instances already probed are spread over
+// their interval.
+//
+// The leader also deletes the saved states (store.StateKey) of instances
+// that have had no record for a retention period: what a crashed instance
+// that never came back leaves behind.
 package prober
 
 import (
@@ -48,6 +55,11 @@ type Config struct {
 	Floor time.Duration
 	// Concurrency bounds probes in flight (default 64).
 	Concurrency int
+	// OrphanRetention is how long this leader must see a saved state
+	// without its record, continuously, before deleting it (default 1h;
+	// negative: never). A lost lease is re-registered within seconds, so
+	// the retention only bounds how long a dead instance's state lingers.
+	OrphanRetention time.Duration
 	// Node is this regnode's name, written as the observer.
 	Node string
 	// Logger (default slog.Default()).
@@ -87,6 +99,9 @@ func New(cfg Config) (*Prober, error) {
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 64
+	}
+	if cfg.OrphanRetention == 0 {
+		cfg.OrphanRetention = time.Hour
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -144,7 +159,17 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 	all := map[cache.Key]*tracked{}
 	due := &queue{}
 	for _, in := range insts {
-		p.track(all, due, in, now)
+		// Spread the instances already probed over their interval, so a
+		// takeover does not probe everything at once; one never probed
+		// waits for its first probe to be routable: at once.
+		p.track(all, due, in, now, in.GetHealth().GetState() == registryv1.HealthState_HEALTH_STATE_UNKNOWN)
+	}
+	if p.cfg.OrphanRetention > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.sweep(ctx, l)
+		}()
 	}
 	p.log.Info("probing", "instances", len(all), "fence", l.Rev)
 	results := make(chan result, p.cfg.Concurrency)
@@ -244,8 +269,9 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/10 + rand.N(d/5+1)
 }
 
-// track starts following inst if it has a check, from its stored health.
-func (p *Prober) track(all map[cache.Key]*tracked, due *queue, in *registryv1.Instance, now time.Time) *tracked {
+// track starts following inst if it has a check, from its stored health:
+// its first probe at once, or somewhere in its first interval if not now.
+func (p *Prober) track(all map[cache.Key]*tracked, due *queue, in *registryv1.Instance, now time.Time, immediate bool) *tracked {
 	if in.GetCheck().GetKind() == registryv1.CheckKind_CHECK_KIND_NONE {
 		return nil
 	}
@@ -261,9 +287,10 @@ func (p *Prober) track(all map[cache.Key]*tracked, due *queue, in *registryv1.In
 	}
 	t := &tracked{
 		inst: in, machine: health.NewMachine(th, state, since), slow: th.Slow, interval: interval,
-		// The first probe of each instance lands somewhere in its first
-		// interval, so a takeover does not probe everything at once.
-		nextAt: now.Add(rand.N(interval)),
+		nextAt: now,
+	}
+	if !immediate {
+		t.nextAt = now.Add(rand.N(interval))
 	}
 	all[cache.Key{Service: in.Service, ID: in.Id}] = t
 	heap.Push(due, t)
@@ -288,14 +315,14 @@ func (p *Prober) sync(all map[cache.Key]*tracked, due *queue, snap *cache.Snapsh
 		t := all[key]
 		switch {
 		case t == nil:
-			p.track(all, due, in, now)
+			p.track(all, due, in, now, true)
 		case in.CreateRevision != t.inst.CreateRevision ||
 			(in.GetHealth() == nil && t.machine.State() != registryv1.HealthState_HEALTH_STATE_UNKNOWN) ||
 			in.Address != t.inst.Address || !sameCheck(in.Check, t.inst.Check):
 			// Registered anew (or moved, or its check changed): start
 			// over from what is stored.
 			p.untrack(all, key)
-			p.track(all, due, in, now)
+			p.track(all, due, in, now, true)
 		default:
 			t.inst = in
 		}
@@ -336,4 +363,87 @@ func (p *Prober) write(ctx context.Context, l *election.Leadership, key cache.Ke
 	}
 	p.log.Info("health transition", "instance", key.Service+"/"+key.ID, "from", tr.From.String(), "to", tr.To.String(), "reason", tr.Reason)
 	return nil
+}
+
+// sweep deletes, through the fence, the saved states this leader has seen
+// without a record for OrphanRetention, until ctx ends or the fence refuses
+// a delete (this regnode no longer leads). What it has seen is kept in
+// memory only: a new leader starts counting afresh, so a state is never
+// deleted early, only late.
+func (p *Prober) sweep(ctx context.Context, l *election.Leadership) {
+	every := min(max(p.cfg.OrphanRetention/4, 10*time.Millisecond), time.Minute)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	seen := newOrphanClock(p.cfg.OrphanRetention)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		list, _, err := p.cfg.Store.Orphans(lctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				p.log.Warn("list orphaned saved states", "err", err)
+			}
+			continue
+		}
+		for _, o := range seen.due(list, time.Now()) {
+			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			deleted, err := p.cfg.Store.DeleteOrphan(dctx, o, []clientv3.Cmp{l.Fence()})
+			var held bool
+			if err == nil && !deleted {
+				// Changed, registered again, or the fence: which one?
+				held, err = l.Held(dctx, p.cfg.Store.Client())
+			}
+			cancel()
+			switch {
+			case err != nil:
+				// Still listed next time, so still due: tried again.
+				if ctx.Err() == nil {
+					p.log.Warn("delete orphaned saved state", "instance", o.Service+"/"+o.ID, "err", err)
+				}
+			case deleted:
+				p.log.Info("deleted the saved state of an instance gone for good", "instance", o.Service+"/"+o.ID)
+			case !held:
+				p.log.Warn("orphaned saved state sweep refused by the fence: no longer the leader; sweeping stops", "fence", l.Rev)
+				return
+			}
+		}
+	}
+}
+
+// orphanClock tells when saved states without a record are due for
+// deletion: once seen orphaned, unchanged, for the retention, across
+// consecutive listings. It reads no clock (the time is an input).
+type orphanClock struct {
+	retention time.Duration
+	since     map[store.Orphan]time.Time // keyed with the mod revision: a change restarts the count
+}
+
+func newOrphanClock(retention time.Duration) *orphanClock {
+	return &orphanClock{retention: retention, since: map[store.Orphan]time.Time{}}
+}
+
+// due takes one listing of the orphans, made at now, and returns those
+// orphaned for the whole retention. One missing from a listing (registered
+// again, or deleted) is forgotten; one that comes back starts afresh. One
+// due stays due until a listing no longer has it.
+func (c *orphanClock) due(list []store.Orphan, now time.Time) []store.Orphan {
+	next := make(map[store.Orphan]time.Time, len(list))
+	var out []store.Orphan
+	for _, o := range list {
+		since, ok := c.since[o]
+		if !ok {
+			since = now
+		}
+		if now.Sub(since) >= c.retention {
+			out = append(out, o)
+		}
+		next[o] = since
+	}
+	c.since = next
+	return out
 }

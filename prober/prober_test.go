@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/regcluster/registry/internal/regnodetest"
 	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/store"
 )
 
@@ -62,56 +64,148 @@ func (f *fixture) register(t *testing.T, id, addr string, check *registryv1.Heal
 	}
 }
 
-// await waits for the instance's health to reach state and returns it.
-func (f *fixture) await(t *testing.T, id string, state registryv1.HealthState, d time.Duration) *registryv1.Health {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var last *registryv1.Health
-	for time.Now().Before(deadline) {
-		g, err := f.api.Get(context.Background(), &registryv1.GetRequest{Service: "orders", Id: id})
-		if err == nil {
-			last = g.Instance.Health
-			if last.GetState() == state {
-				return last
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s did not reach %v within %s; last health %v", id, state, d, last)
-	return nil
+// recorder keeps every version of one instance's key, read from etcd's
+// history by a watch from revision 1, so a test waits on the sequence of
+// writes the prober made, not on polls that can miss a short state.
+type recorder struct {
+	t        *testing.T
+	id       string
+	mu       sync.Mutex
+	versions []*registryv1.Instance // every put, in etcd's order
+	err      error
+	cursor   int // await looks from here on
+	changed  chan struct{}
 }
 
-// history returns every health state the instance's key went through, in
-// etcd's order (read from etcd's history).
-func (f *fixture) history(t *testing.T, id string) []*registryv1.Health {
+// record starts recording id's key; it stops when the test ends.
+func (f *fixture) record(t *testing.T, id string) *recorder {
 	t.Helper()
-	st, err := store.New(store.Config{Client: f.rn.Etcd, Prefix: f.rn.Prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := st.Keys().Instance("orders", id)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	head, err := f.rn.Etcd.Get(ctx, key)
-	if err != nil || len(head.Kvs) == 0 {
-		t.Fatalf("read %s: %v", key, err)
-	}
-	var out []*registryv1.Health
-	// Every version of the key, from etcd's history, up to the current one.
-	for resp := range f.rn.Etcd.Watch(ctx, key, clientv3.WithRev(1)) {
-		for _, ev := range resp.Events {
-			if in, err := st.Keys().Decode(key, ev.Kv.Value, 0, 0); err == nil && in.Health != nil {
-				if len(out) == 0 || out[len(out)-1].State != in.Health.State {
-					out = append(out, in.Health)
-				}
+	return recordKey(t, f.rn.Etcd, f.rn.Prefix, id)
+}
+
+func recordKey(t *testing.T, cli *clientv3.Client, prefix, id string) *recorder {
+	t.Helper()
+	keys := record.NewKeys(prefix)
+	key := keys.Instance("orders", id)
+	r := &recorder{t: t, id: id, changed: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	wch := cli.Watch(ctx, key, clientv3.WithRev(1))
+	go func() {
+		defer close(done)
+		for resp := range wch {
+			r.mu.Lock()
+			if err := resp.Err(); err != nil && r.err == nil {
+				r.err = err
 			}
-			if ev.Kv.ModRevision >= head.Kvs[0].ModRevision {
-				return out
+			for _, ev := range resp.Events {
+				if ev.Type != clientv3.EventTypePut {
+					continue
+				}
+				in, err := keys.Decode(key, ev.Kv.Value, ev.Kv.CreateRevision, ev.Kv.ModRevision)
+				if err != nil {
+					r.err = fmt.Errorf("version at %d: %w", ev.Kv.ModRevision, err)
+					continue
+				}
+				r.versions = append(r.versions, in)
+			}
+			r.mu.Unlock()
+			select {
+			case r.changed <- struct{}{}:
+			default:
 			}
 		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
+// await waits until a health write of state comes after the one the last
+// await returned, and returns it. d only bounds a test that is broken.
+func (r *recorder) await(state registryv1.HealthState, d time.Duration) *registryv1.Health {
+	r.t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		err := r.err
+		for i := r.cursor; i < len(r.versions); i++ {
+			if h := r.versions[i].GetHealth(); h != nil && h.State == state {
+				r.cursor = i + 1
+				r.mu.Unlock()
+				return h
+			}
+		}
+		r.mu.Unlock()
+		if err != nil {
+			r.t.Fatalf("history of %s: %v", r.id, err)
+		}
+		select {
+		case <-r.changed:
+		case <-deadline.C:
+			r.t.Fatalf("%s: no %v written within %s; health written: %v", r.id, state, d, r.states())
+		}
 	}
-	t.Fatalf("history of %s: %v", key, ctx.Err())
+}
+
+// healths returns every health the prober wrote, one per write, in order.
+func (r *recorder) healths() []*registryv1.Health {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*registryv1.Health
+	var last *registryv1.Health
+	for _, in := range r.versions {
+		if h := in.GetHealth(); h != nil && !proto.Equal(h, last) {
+			out = append(out, h)
+			last = h
+		}
+	}
 	return out
+}
+
+func (r *recorder) states() []registryv1.HealthState {
+	var out []registryv1.HealthState
+	for _, h := range r.healths() {
+		out = append(out, h.State)
+	}
+	return out
+}
+
+// allowed lists every transition the prober may write.
+var allowed = map[[2]registryv1.HealthState]bool{
+	{healthy, degraded}: true, {degraded, healthy}: true,
+	{degraded, unavailable}: true, {unavailable, degraded}: true,
+}
+
+// checkHistory asserts the health writes hold want in order (a machine
+// slowed by load may flap more, never less), and that every write is a
+// transition: never the same state twice in a row, never a jump such as
+// UNAVAILABLE -> HEALTHY.
+func (r *recorder) checkHistory(want ...registryv1.HealthState) {
+	r.t.Helper()
+	got := r.states()
+	i := 0
+	for _, s := range got {
+		if i < len(want) && s == want[i] {
+			i++
+		}
+	}
+	if i < len(want) {
+		r.t.Fatalf("%s: health written %v, does not hold %v in order", r.id, got, want)
+	}
+	for j := 1; j < len(got); j++ {
+		if !allowed[[2]registryv1.HealthState{got[j-1], got[j]}] {
+			r.t.Fatalf("%s: health written %v: write %d (%v -> %v) is not a transition the machine makes", r.id, got, j, got[j-1], got[j])
+		}
+	}
+}
+
+// steady is a check spec whose slow threshold and timeout are far from
+// what loopback targets do, so a loaded machine cannot turn an answer into
+// a slow or timed-out probe.
+func steady(kind registryv1.CheckKind, target string) *registryv1.HealthCheck {
+	return &registryv1.HealthCheck{Kind: kind, Target: target,
+		Timeout: durationpb.New(2 * time.Second), SlowThreshold: durationpb.New(time.Second)}
 }
 
 // A TCP target: HEALTHY while it accepts, DEGRADED then UNAVAILABLE once
@@ -124,17 +218,18 @@ func TestTCPPath(t *testing.T) {
 	}
 	addr := lis.Addr().String()
 	stop := serveTCP(lis)
-	f.register(t, "tcp-1", addr, &registryv1.HealthCheck{Kind: registryv1.CheckKind_CHECK_KIND_TCP})
-	h := f.await(t, "tcp-1", healthy, 5*time.Second)
+	rec := f.record(t, "tcp-1")
+	f.register(t, "tcp-1", addr, steady(registryv1.CheckKind_CHECK_KIND_TCP, ""))
+	h := rec.await(healthy, 30*time.Second)
 	if h.Observer != "prober-1" || h.Fence == 0 || h.Since == nil {
 		t.Fatalf("health %v: want observer, fence and since", h)
 	}
 	stop()
-	h = f.await(t, "tcp-1", degraded, 5*time.Second)
+	h = rec.await(degraded, 30*time.Second)
 	if !strings.Contains(h.Reason, "connection refused") || !strings.Contains(h.Reason, "3 consecutive") {
 		t.Fatalf("degraded reason %q", h.Reason)
 	}
-	h = f.await(t, "tcp-1", unavailable, 5*time.Second)
+	h = rec.await(unavailable, 30*time.Second)
 	if !strings.Contains(h.Reason, "5 consecutive") {
 		t.Fatalf("unavailable reason %q", h.Reason)
 	}
@@ -143,15 +238,9 @@ func TestTCPPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer serveTCP(lis)()
-	f.await(t, "tcp-1", healthy, 10*time.Second)
-	var seq []registryv1.HealthState
-	for _, h := range f.history(t, "tcp-1") {
-		seq = append(seq, h.State)
-	}
-	want := []registryv1.HealthState{healthy, degraded, unavailable, degraded, healthy}
-	if fmt.Sprint(seq) != fmt.Sprint(want) {
-		t.Fatalf("history %v, want %v (never UNAVAILABLE straight to HEALTHY)", seq, want)
-	}
+	rec.await(degraded, 30*time.Second)
+	rec.await(healthy, 30*time.Second)
+	rec.checkHistory(healthy, degraded, unavailable, degraded, healthy)
 }
 
 func serveTCP(lis net.Listener) (stop func()) {
@@ -176,17 +265,20 @@ func TestHTTPPath(t *testing.T) {
 	f := newFixture(t)
 	var mode atomic.Value
 	mode.Store("ok")
+	// The slow threshold (300ms), the slow answer (700ms) and the timeout
+	// (1.5s) are far apart, so load cannot move a probe from one kind to
+	// another; counts of 2 keep the hung phase short.
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch mode.Load() {
 		case "503":
 			w.WriteHeader(http.StatusServiceUnavailable)
 		case "slow":
-			time.Sleep(150 * time.Millisecond)
-		case "hung":
 			select {
-			case <-time.After(2 * time.Second):
+			case <-time.After(700 * time.Millisecond):
 			case <-r.Context().Done():
 			}
+		case "hung":
+			<-r.Context().Done()
 		}
 	})}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -195,33 +287,37 @@ func TestHTTPPath(t *testing.T) {
 	}
 	go srv.Serve(lis)
 	defer srv.Close()
+	rec := f.record(t, "http-1")
 	f.register(t, "http-1", lis.Addr().String(), &registryv1.HealthCheck{Kind: registryv1.CheckKind_CHECK_KIND_HTTP,
-		Target: "/healthz", Timeout: durationpb.New(300 * time.Millisecond)})
-	f.await(t, "http-1", healthy, 5*time.Second)
+		Target: "/healthz", Timeout: durationpb.New(1500 * time.Millisecond), SlowThreshold: durationpb.New(300 * time.Millisecond),
+		FailuresToDegraded: 2, FailuresToUnavailable: 2, SuccessesToHealthy: 2, SuccessesToDegraded: 2})
+	rec.await(healthy, 30*time.Second)
 
 	mode.Store("slow")
-	h := f.await(t, "http-1", degraded, 5*time.Second)
+	h := rec.await(degraded, 30*time.Second)
 	if !strings.Contains(h.Reason, "slow threshold") {
 		t.Fatalf("slow: reason %q", h.Reason)
 	}
 	mode.Store("ok")
-	f.await(t, "http-1", healthy, 5*time.Second)
+	rec.await(healthy, 30*time.Second)
 
 	mode.Store("503")
-	f.await(t, "http-1", degraded, 5*time.Second)
-	h = f.await(t, "http-1", unavailable, 5*time.Second)
+	rec.await(degraded, 30*time.Second)
+	h = rec.await(unavailable, 30*time.Second)
 	if !strings.Contains(h.Reason, "HTTP 503") {
 		t.Fatalf("503: reason %q", h.Reason)
 	}
 	mode.Store("ok")
-	f.await(t, "http-1", healthy, 10*time.Second)
+	rec.await(degraded, 30*time.Second)
+	rec.await(healthy, 30*time.Second)
 
 	mode.Store("hung")
-	f.await(t, "http-1", degraded, 10*time.Second)
-	h = f.await(t, "http-1", unavailable, 10*time.Second)
+	rec.await(degraded, 30*time.Second)
+	h = rec.await(unavailable, 30*time.Second)
 	if !strings.Contains(h.Reason, "timeout") || strings.Contains(h.Reason, "HTTP") {
 		t.Fatalf("hung: reason %q, want a timeout", h.Reason)
 	}
+	rec.checkHistory(healthy, degraded, healthy, degraded, unavailable, degraded, healthy, degraded, unavailable)
 }
 
 // A gRPC target switched between SERVING and NOT_SERVING.
@@ -237,17 +333,19 @@ func TestGRPCPath(t *testing.T) {
 	go srv.Serve(lis)
 	defer srv.Stop()
 	hs.SetServingStatus("orders.v1", healthpb.HealthCheckResponse_SERVING)
-	f.register(t, "grpc-1", lis.Addr().String(), &registryv1.HealthCheck{Kind: registryv1.CheckKind_CHECK_KIND_GRPC, Target: "orders.v1"})
-	f.await(t, "grpc-1", healthy, 5*time.Second)
+	rec := f.record(t, "grpc-1")
+	f.register(t, "grpc-1", lis.Addr().String(), steady(registryv1.CheckKind_CHECK_KIND_GRPC, "orders.v1"))
+	rec.await(healthy, 30*time.Second)
 	hs.SetServingStatus("orders.v1", healthpb.HealthCheckResponse_NOT_SERVING)
-	f.await(t, "grpc-1", degraded, 5*time.Second)
-	h := f.await(t, "grpc-1", unavailable, 5*time.Second)
+	rec.await(degraded, 30*time.Second)
+	h := rec.await(unavailable, 30*time.Second)
 	if !strings.Contains(h.Reason, "NOT_SERVING") {
 		t.Fatalf("reason %q", h.Reason)
 	}
 	hs.SetServingStatus("orders.v1", healthpb.HealthCheckResponse_SERVING)
-	f.await(t, "grpc-1", degraded, 5*time.Second)
-	f.await(t, "grpc-1", healthy, 5*time.Second)
+	rec.await(degraded, 30*time.Second)
+	rec.await(healthy, 30*time.Second)
+	rec.checkHistory(healthy, degraded, unavailable, degraded, healthy)
 }
 
 // On taking over, the prober starts from the stored state: a healthy
@@ -265,8 +363,9 @@ func TestStartsFromStoredState(t *testing.T) {
 	}
 	defer serveTCP(lis)()
 	ctx := context.Background()
+	rec := recordKey(t, cli, record.DefaultPrefix, "s-1")
 	if _, err := st.Register(ctx, &registryv1.Instance{Service: "orders", Id: "s-1", Address: lis.Addr().String(),
-		Check: &registryv1.HealthCheck{Kind: registryv1.CheckKind_CHECK_KIND_TCP}}, 0); err != nil {
+		Check: steady(registryv1.CheckKind_CHECK_KIND_TCP, "")}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := st.Update(ctx, "orders", "s-1", func(in *registryv1.Instance) error {
@@ -275,19 +374,14 @@ func TestStartsFromStoredState(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, ProbeInterval: 100 * time.Millisecond}, m.ClientURL)
-	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}})
-	if err != nil {
-		t.Fatal(err)
+	regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, ProbeInterval: 100 * time.Millisecond}, m.ClientURL)
+	if h := rec.await(unavailable, 30*time.Second); h.Reason != "stored" {
+		t.Fatalf("first health %v, want the stored one", h)
 	}
-	defer c.Close()
-	f := &fixture{rn: rn, api: c.API()}
-	f.await(t, "s-1", healthy, 10*time.Second)
-	var seq []registryv1.HealthState
-	for _, h := range f.history(t, "s-1") {
-		seq = append(seq, h.State)
+	rec.await(degraded, 30*time.Second)
+	rec.await(healthy, 30*time.Second)
+	if got := rec.states(); fmt.Sprint(got[:3]) != fmt.Sprint([]registryv1.HealthState{unavailable, degraded, healthy}) {
+		t.Fatalf("history %v: want UNAVAILABLE -> DEGRADED -> HEALTHY first", got)
 	}
-	if fmt.Sprint(seq) != fmt.Sprint([]registryv1.HealthState{unavailable, degraded, healthy}) {
-		t.Fatalf("history %v: want UNAVAILABLE -> DEGRADED -> HEALTHY", seq)
-	}
+	rec.checkHistory(unavailable, degraded, healthy)
 }

@@ -225,13 +225,23 @@ func Normalize(inst *registryv1.Instance) {
 }
 
 // Routable reports whether callers may send inst new requests: lifecycle
-// SERVING and health HEALTHY, DEGRADED or UNKNOWN (not probed yet, or no
-// check). DRAINING, STARTING and UNAVAILABLE instances are never routable.
+// SERVING and health HEALTHY or DEGRADED, or UNKNOWN only when inst has no
+// check (kind NONE: nothing will ever probe it). An instance with a check is
+// not routable until its first successful probe (readiness semantics): one
+// that fails its probes before ever answering goes from UNKNOWN straight to
+// UNAVAILABLE, never through DEGRADED. DRAINING, STARTING and UNAVAILABLE
+// instances are never routable.
 func Routable(inst *registryv1.Instance) bool {
 	if inst.GetLifecycle() != registryv1.Lifecycle_LIFECYCLE_SERVING {
 		return false
 	}
-	return inst.GetHealth().GetState() != registryv1.HealthState_HEALTH_STATE_UNAVAILABLE
+	switch inst.GetHealth().GetState() {
+	case registryv1.HealthState_HEALTH_STATE_HEALTHY, registryv1.HealthState_HEALTH_STATE_DEGRADED:
+		return true
+	case registryv1.HealthState_HEALTH_STATE_UNKNOWN:
+		return inst.GetCheck().GetKind() == registryv1.CheckKind_CHECK_KIND_NONE
+	}
+	return false
 }
 
 // EffectiveWeight is the weight a balancer should give inst: its weight

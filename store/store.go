@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
@@ -102,6 +103,14 @@ type Registration struct {
 // with the same non-empty incarnation, or a junk record, is replaced and its
 // old lease revoked. Invalid input returns a *record.FieldError and writes
 // nothing.
+//
+// A registration by the same non-empty incarnation keeps the lifecycle, its
+// reason and the health of the instance as they were, not as inst says:
+// from the live record it replaces, or, when the lease was lost and the
+// record is gone, from the saved state (see StateKey). So an instance an
+// operator drained comes back DRAINING, and one the prober found
+// UNAVAILABLE comes back UNAVAILABLE. Any other registration starts with
+// inst's lifecycle and no health.
 func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.Duration) (*Registration, error) {
 	if err := record.Validate(in); err != nil {
 		return nil, err
@@ -112,72 +121,123 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 	if ttl == 0 {
 		ttl = record.DefaultTTL
 	}
-	inst := proto.CloneOf(in)
-	record.Normalize(inst)
-	inst.Health = nil // written only by the prober
-	inst.ModRevision, inst.CreateRevision = 0, 0
-	inst.RegisteredAt = timestamppb.New(s.now())
-	record.StampRoutable(nil, inst, s.now())
-	key := s.keys.Instance(inst.Service, inst.Id)
+	base := proto.CloneOf(in)
+	record.Normalize(base)
+	base.Health = nil // written only by the prober
+	base.ModRevision, base.CreateRevision = 0, 0
+	base.RegisteredAt = timestamppb.New(s.now())
+	key := s.keys.Instance(base.Service, base.Id)
+	skey := s.StateKey(base.Service, base.Id)
 
 	grant, err := s.cli.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("grant %s lease for %s: %w", ttl, key, err)
 	}
 	lease := grant.ID
-	inst.LeaseId = int64(lease)
-	val, err := record.Encode(inst)
-	if err != nil {
+	base.LeaseId = int64(lease)
+	if err := s.checkSize(key, base); err != nil {
 		s.revoke(lease)
 		return nil, err
 	}
-	if len(val) > record.MaxRecordSize {
-		s.revoke(lease)
-		return nil, &record.FieldError{Field: "instance", Reason: fmt.Sprintf("record is %d bytes, at most %d", len(val), record.MaxRecordSize)}
-	}
+	// The record and its saved state as last read (at one revision). The
+	// first attempt guesses a first registration, neither of them there,
+	// so it takes one round trip; a wrong guess reads both in its Else.
+	var ikvs, skvs []*mvccpb.KeyValue
 	for {
-		resp, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).
-			Else(clientv3.OpGet(key)).
+		var stateRev int64
+		var saved *registryv1.Instance
+		if len(skvs) > 0 {
+			stateRev = skvs[0].ModRevision
+			if saved, err = decodeState(base.Service, base.Id, skvs[0].Value); err != nil {
+				s.log.Warn("ignoring a saved state that does not decode", "key", skey, "err", err)
+			}
+		}
+		inst := proto.CloneOf(base)
+		var prev *registryv1.Instance // the live record replaced, if any: its routable_since carries over
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(skey), "=", stateRev)}
+		var oldLease int64
+		if len(ikvs) == 0 {
+			// First registration, or the lease was lost: the saved state
+			// is all that is left of the previous record.
+			if saved != nil && inst.Incarnation != "" && saved.Incarnation == inst.Incarnation {
+				s.carry(key, inst, saved)
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+		} else {
+			kv := ikvs[0]
+			old, derr := s.keys.Decode(key, kv.Value, kv.CreateRevision, kv.ModRevision)
+			if derr == nil && (inst.Incarnation == "" || old.Incarnation != inst.Incarnation) {
+				s.revoke(lease)
+				return nil, fmt.Errorf("register %s: %w (lease %x, incarnation %q)", key, record.ErrAlreadyExists, old.LeaseId, old.Incarnation)
+			}
+			if derr != nil {
+				s.junk(key, derr)
+			} else {
+				// Same owner (it lost track of its lease): the live record
+				// holds the current lifecycle and health.
+				s.carry(key, inst, old)
+				prev = old
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
+			oldLease = kv.Lease
+		}
+		record.StampRoutable(prev, inst, s.now())
+		val, err := record.Encode(inst)
+		if err == nil {
+			err = s.checkSize(key, inst)
+		}
+		if err != nil {
+			s.revoke(lease)
+			return nil, err
+		}
+		sval, err := encodeState(inst)
+		if err != nil {
+			s.revoke(lease)
+			return nil, err
+		}
+		resp, err := s.cli.Txn(ctx).If(cmps...).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease)), clientv3.OpPut(skey, sval)).
+			Else(clientv3.OpGet(key), clientv3.OpGet(skey)).
 			Commit()
 		if err != nil {
 			s.revoke(lease)
 			return nil, fmt.Errorf("register %s: %w", key, err)
 		}
-		if resp.Succeeded {
-			return s.registered(inst, lease, ttl, resp.Header.Revision), nil
-		}
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 {
-			continue // deleted between the compare and the get: try again
-		}
-		kv := kvs[0]
-		old, derr := s.keys.Decode(key, kv.Value, kv.CreateRevision, kv.ModRevision)
-		if derr == nil && (inst.Incarnation == "" || old.Incarnation != inst.Incarnation) {
-			s.revoke(lease)
-			return nil, fmt.Errorf("register %s: %w (lease %x, incarnation %q)", key, record.ErrAlreadyExists, old.LeaseId, old.Incarnation)
-		}
-		if derr != nil {
-			s.junk(key, derr)
-		}
-		// Same owner (it lost track of its lease) or junk: replace.
-		resp, err = s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).
-			Commit()
-		if err != nil {
-			s.revoke(lease)
-			return nil, fmt.Errorf("register %s over its previous record: %w", key, err)
-		}
 		if !resp.Succeeded {
+			// Not as read (or guessed): go again from what is there now.
+			ikvs = resp.Responses[0].GetResponseRange().Kvs
+			skvs = resp.Responses[1].GetResponseRange().Kvs
 			continue
 		}
-		if kv.Lease != 0 && kv.Lease != int64(lease) {
-			s.revoke(clientv3.LeaseID(kv.Lease))
+		if oldLease != 0 && oldLease != int64(lease) {
+			s.revoke(clientv3.LeaseID(oldLease))
 		}
 		return s.registered(inst, lease, ttl, resp.Header.Revision), nil
 	}
+}
+
+// carry keeps from's lifecycle, reason and health on inst, unless that
+// would make inst invalid (a saved state someone else wrote): then inst
+// starts afresh.
+func (s *Store) carry(key string, inst, from *registryv1.Instance) {
+	kept := proto.CloneOf(inst)
+	carry(kept, from)
+	if err := record.Validate(kept); err != nil {
+		s.log.Warn("not keeping a previous state that does not validate", "key", key, "err", err)
+		return
+	}
+	carry(inst, from)
+}
+
+func (s *Store) checkSize(key string, inst *registryv1.Instance) error {
+	val, err := record.Encode(inst)
+	if err != nil {
+		return err
+	}
+	if len(val) > record.MaxRecordSize {
+		return &record.FieldError{Field: "instance", Reason: fmt.Sprintf("record %s is %d bytes, at most %d", key, len(val), record.MaxRecordSize)}
+	}
+	return nil
 }
 
 func (s *Store) registered(inst *registryv1.Instance, lease clientv3.LeaseID, ttl time.Duration, rev int64) *Registration {
@@ -251,9 +311,16 @@ func (s *Store) UpdateIf(ctx context.Context, service, id string, guard []client
 		if err != nil {
 			return nil, 0, err
 		}
+		sval, err := encodeState(next)
+		if err != nil {
+			return nil, 0, err
+		}
+		// The saved state follows the record in the same txn, so it is
+		// always the state of the latest record (see StateKey).
 		cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)}, guard...)
 		resp, err := s.cli.Txn(ctx).If(cmps...).
-			Then(clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease())).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease()),
+				clientv3.OpPut(s.StateKey(service, id), sval)).
 			Commit()
 		if err != nil {
 			return nil, 0, fmt.Errorf("update %s: %w", key, err)
@@ -295,10 +362,12 @@ func (s *Store) SetLifecycle(ctx context.Context, service, id string, lc registr
 	})
 }
 
-// Deregister deletes service/id and revokes the lease it was under. If
-// leaseID is non-zero it deletes only while the record is under that lease,
-// so a stale handle cannot remove a newer registration; deleted is false
-// when there was nothing (of that lease) to delete.
+// Deregister deletes service/id and its saved state, and revokes the lease
+// it was under. If leaseID is non-zero it deletes only while the record is
+// under that lease, so a stale handle cannot remove a newer registration;
+// deleted is false when there was nothing (of that lease) to delete. With
+// no record at all, the saved state is deleted still: a graceful end after
+// a lost lease leaves nothing behind.
 func (s *Store) Deregister(ctx context.Context, service, id string, leaseID int64) (deleted bool, rev int64, err error) {
 	if err := record.ValidService(service); err != nil {
 		return false, 0, err
@@ -307,16 +376,29 @@ func (s *Store) Deregister(ctx context.Context, service, id string, leaseID int6
 		return false, 0, err
 	}
 	key := s.keys.Instance(service, id)
+	skey := s.StateKey(service, id)
 	for {
 		resp, err := s.cli.Get(ctx, key)
 		if err != nil {
 			return false, 0, fmt.Errorf("deregister %s: %w", key, err)
 		}
 		if len(resp.Kvs) == 0 {
+			// Only while there is still no record: a registration that
+			// lands meanwhile writes its own state.
+			tx, err := s.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+				Then(clientv3.OpDelete(skey)).
+				Commit()
+			if err != nil {
+				return false, 0, fmt.Errorf("deregister %s: delete its saved state: %w", key, err)
+			}
+			if !tx.Succeeded {
+				continue
+			}
 			if leaseID != 0 {
 				s.revoke(clientv3.LeaseID(leaseID))
 			}
-			return false, resp.Header.Revision, nil
+			return false, tx.Header.Revision, nil
 		}
 		kv := resp.Kvs[0]
 		if leaseID != 0 && kv.Lease != leaseID {
@@ -325,7 +407,7 @@ func (s *Store) Deregister(ctx context.Context, service, id string, leaseID int6
 		}
 		tx, err := s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-			Then(clientv3.OpDelete(key)).
+			Then(clientv3.OpDelete(key), clientv3.OpDelete(skey)).
 			Commit()
 		if err != nil {
 			return false, 0, fmt.Errorf("deregister %s: %w", key, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,7 +37,7 @@ func inst(service, id string) *registryv1.Instance {
 }
 
 func TestRegisterGetList(t *testing.T) {
-	s, _, _ := newStore(t)
+	s, cli, _ := newStore(t)
 	ctx := context.Background()
 	for i := range 7 {
 		if _, err := s.Register(ctx, inst("orders", fmt.Sprintf("o-%d", i)), 0); err != nil {
@@ -53,6 +54,15 @@ func TestRegisterGetList(t *testing.T) {
 	}
 	if got.LeaseId != reg.LeaseID || got.Weight != 100 || got.Lifecycle != registryv1.Lifecycle_LIFECYCLE_SERVING || rev < reg.Revision {
 		t.Fatalf("get = %v at %d, registered %+v", got, rev, reg)
+	}
+	// The key itself is under the lease (the record's lease_id field is
+	// only what the record says): it goes when the lease goes.
+	if _, _, lease, _ := rawKey(t, cli, s.Keys().Instance("users", "u-1")); lease != reg.LeaseID {
+		t.Fatalf("key's lease = %x, registered under %x", lease, reg.LeaseID)
+	}
+	ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(reg.LeaseID))
+	if err != nil || ttl.TTL <= 0 || ttl.GrantedTTL != 5 {
+		t.Fatalf("lease of u-1: %+v, %v; want a live 5s lease", ttl, err)
 	}
 	all, rev, skipped, err := s.List(ctx, "")
 	if err != nil || len(all) != 8 || skipped != 0 || rev != reg.Revision {
@@ -114,7 +124,10 @@ func TestInvalidWritesNothing(t *testing.T) {
 	if err != nil || resp.Count != 0 {
 		t.Fatalf("etcd holds %d keys after refused writes (%v)", resp.Count, err)
 	}
-	leases, _ := cli.Leases(ctx)
+	leases, err := cli.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(leases.Leases) != 0 {
 		t.Fatalf("refused registration granted leases: %v", leases.Leases)
 	}
@@ -164,9 +177,10 @@ func mustEncode(t *testing.T, in *registryv1.Instance) string {
 // Drain and undrain racing with metadata writers to the same key: every
 // write lands because each is a compare-and-swap that retries.
 func TestConcurrentUpdatesLoseNothing(t *testing.T) {
-	s, _, _ := newStore(t)
+	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	if _, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
+	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	if err != nil {
 		t.Fatal(err)
 	}
 	const writers, each = 8, 15
@@ -210,11 +224,21 @@ func TestConcurrentUpdatesLoseNothing(t *testing.T) {
 	if got.Version != fmt.Sprint(writers*each) {
 		t.Fatalf("version counter = %s, want %d: an update was lost", got.Version, writers*each)
 	}
+	if _, _, lease, _ := rawKey(t, cli, s.Keys().Instance("orders", "a")); lease != reg.LeaseID {
+		t.Fatalf("after %d updates the key's lease is %x, want the registration's %x", 2*writers*each, lease, reg.LeaseID)
+	}
 }
 
+// atoi reads the version counter; "" is 0, anything else not a number
+// is a bug in the test.
 func atoi(s string) int {
-	n := 0
-	fmt.Sscan(s, &n)
+	if s == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		panic(fmt.Sprintf("version %q is not a counter", s))
+	}
 	return n
 }
 
@@ -233,7 +257,10 @@ func TestDeregisterOnlyOwnLease(t *testing.T) {
 	if err != nil || !deleted {
 		t.Fatalf("deregister: deleted=%v err=%v", deleted, err)
 	}
-	ttl, _ := cli.TimeToLive(ctx, clientv3.LeaseID(reg.LeaseID))
+	ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(reg.LeaseID))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if ttl.TTL != -1 {
 		t.Fatalf("lease survives deregister: %d", ttl.TTL)
 	}

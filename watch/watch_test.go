@@ -12,6 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/internal/etcdtest"
@@ -159,8 +160,14 @@ func TestSnapshotThenTransactions(t *testing.T) {
 	f := follow(t, cli, "")
 	waitFor(t, 5*time.Second, "the snapshot", func() bool { return f.c.Len() == 21 })
 	// One transaction with two puts and a delete arrives as one batch.
-	b1, _ := record.Encode(&registryv1.Instance{Service: "orders", Id: "o-1", Address: "10.0.0.1:80", Version: "2"})
-	b2, _ := record.Encode(&registryv1.Instance{Service: "orders", Id: "new", Address: "10.0.0.1:80"})
+	b1, err := record.Encode(&registryv1.Instance{Service: "orders", Id: "o-1", Address: "10.0.0.1:80", Version: "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, err := record.Encode(&registryv1.Instance{Service: "orders", Id: "new", Address: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	tx, err := cli.Txn(context.Background()).Then(
 		clientv3.OpPut(keys.Instance("orders", "o-1"), string(b1)),
 		clientv3.OpPut(keys.Instance("orders", "new"), string(b2)),
@@ -185,8 +192,8 @@ func TestSnapshotThenTransactions(t *testing.T) {
 	if txb == nil || len(txb.Events) != 3 {
 		t.Fatalf("transaction batch = %+v, want its 3 events together", txb)
 	}
-	if g, _ := f.c.Get("orders", "o-1"); g.Version != "2" {
-		t.Fatalf("o-1 version %s", g.Version)
+	if g, ok := f.c.Get("orders", "o-1"); !ok || g.Version != "2" {
+		t.Fatalf("o-1 = %v (present %v), want version 2", g, ok)
 	}
 	if _, ok := f.c.Get("orders", "o-2"); ok {
 		t.Fatal("o-2 not deleted")
@@ -218,10 +225,13 @@ func TestResumeAndCompaction(t *testing.T) {
 	f := follow(t, cli, "orders")
 	waitFor(t, 5*time.Second, "the snapshot", func() bool { return converged(t, direct, f) })
 
-	// A short cut with few changes: resumed, no relist.
+	// A short cut with few changes: resumed, no relist. The change lands
+	// once the client has seen its connection go.
 	p.Cut()
+	waitFor(t, 10*time.Second, "the client to see the cut", func() bool {
+		return cli.ActiveConnection().GetState() != connectivity.Ready
+	})
 	put(t, direct, "orders", "o-1", "1")
-	time.Sleep(300 * time.Millisecond)
 	p.Heal()
 	waitFor(t, 10*time.Second, "resume after a short cut", func() bool { return converged(t, direct, f) })
 	if f.c.Stats().Resets != 0 {
@@ -264,10 +274,15 @@ func TestJunk(t *testing.T) {
 	cli := m.Client(t)
 	put(t, cli, "orders", "good", "1")
 	put(t, cli, "orders", "soon-junk", "1")
-	cli.Put(context.Background(), keys.Instance("orders", "junk"), "\xff\xfe")
+	if _, err := cli.Put(context.Background(), keys.Instance("orders", "junk"), "\xff\xfe"); err != nil {
+		t.Fatal(err)
+	}
 	f := follow(t, cli, "")
 	waitFor(t, 5*time.Second, "the snapshot", func() bool { return f.c.Len() == 2 })
-	r, _ := cli.Put(context.Background(), keys.Instance("orders", "soon-junk"), "garbage")
+	r, err := cli.Put(context.Background(), keys.Instance("orders", "soon-junk"), "garbage")
+	if err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, 5*time.Second, "the junk write", func() bool { return f.c.Revision() >= r.Header.Revision })
 	if _, ok := f.c.Get("orders", "soon-junk"); ok {
 		t.Fatal("junk replacing a record left the old record visible")
