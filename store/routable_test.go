@@ -56,4 +56,14 @@ func TestWritesStampRoutableSince(t *testing.T) {
 	if err != nil || !got.GetRoutableSince().AsTime().Equal(in.GetRoutableSince().AsTime()) {
 		t.Fatalf("stored %v, returned %v (%v)", got.GetRoutableSince(), in.GetRoutableSince(), err)
 	}
+	// The same owner registering over its live record (it lost track of
+	// its lease): still routable, so the stamp stays and no client ramps
+	// it again.
+	again, err := s.Register(ctx, inst("orders", "o-1"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Instance.GetRoutableSince().AsTime().Equal(in.GetRoutableSince().AsTime()) {
+		t.Fatalf("re-registration moved routable_since %v -> %v", in.GetRoutableSince(), again.Instance.GetRoutableSince())
+	}
 }
