@@ -60,6 +60,7 @@ func TestFailingInstanceIsEjectedAndComesBack(t *testing.T) {
 	if m.Counts().HalfOpenProbes == 0 || m.Counts().Ejections < 2 {
 		t.Errorf("no half-open probe failed and re-ejected: %+v", m.Counts())
 	}
+	t.Logf("while ejected: %d of %d calls succeeded, %+v", ok, ok+failed, m.Counts())
 	if rate := float64(ok) * 100 / float64(ok+failed); rate < 99.5 {
 		t.Errorf("success %.2f%% (%d failed of %d), want ≥ 99.5%%", rate, failed, ok+failed)
 	}
