@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/serviceconfig"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/balance"
 	"github.com/regcluster/registry/client"
@@ -32,7 +33,8 @@ func (f *fakeConn) ParseServiceConfig(string) *serviceconfig.ParseResult {
 
 func register(t *testing.T, api registryv1.RegistryClient, id, addr string, weight uint32) {
 	t.Helper()
-	if _, err := api.Register(context.Background(), &registryv1.RegisterRequest{Instance: &registryv1.Instance{
+	// A TTL longer than any test here: nothing keeps these leases alive.
+	if _, err := api.Register(context.Background(), &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute), Instance: &registryv1.Instance{
 		Service: "orders", Id: id, Address: addr, Weight: weight}}); err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +293,7 @@ func TestZoneEndToEnd(t *testing.T) {
 	for i := range 6 {
 		b := startBackend(t)
 		bs = append(bs, b)
-		if _, err := c.API().Register(context.Background(), &registryv1.RegisterRequest{Instance: &registryv1.Instance{
+		if _, err := c.API().Register(context.Background(), &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute), Instance: &registryv1.Instance{
 			Service: "orders", Id: fmt.Sprintf("b%d", i), Address: b.addr, Zone: []string{"a", "b"}[i%2]}}); err != nil {
 			t.Fatal(err)
 		}
