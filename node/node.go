@@ -140,7 +140,8 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg     Config
 	log     *slog.Logger
-	etcd    *embedded.Member // nil when external
+	etcd    *embedded.Member  // nil when external
+	dataDir *embedded.DataDir // the embedded member's, held from Start to Close
 	cli     *clientv3.Client
 	grpc    *grpc.Server
 	health  *grpchealth.Server
@@ -192,10 +193,31 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	defer func() {
 		if err != nil {
 			n.shutdown()
+			n.dataDir.Discard() // a failed start leaves no half-made data dir
 		}
 	}()
 
+	// What can be refused at once (the data dir, the ports) is checked
+	// before etcd writes a byte: a second regnode on the same data dir, or
+	// a port in use, fails here and leaves the disk as it was. The ports
+	// are only tried, not kept: a client that reached a listener with no
+	// server behind it would wait there instead of trying another regnode.
 	endpoints := cfg.EtcdEndpoints
+	if len(endpoints) == 0 {
+		if n.dataDir, err = embedded.LockDataDir(cfg.Embed.Dir); err != nil {
+			return nil, err
+		}
+		cfg.Embed.DataDir = n.dataDir
+	}
+	if err := portFree("API", cfg.Listen); err != nil {
+		return nil, err
+	}
+	if cfg.MetricsListen != "off" {
+		if err := portFree("metrics", cfg.MetricsListen); err != nil {
+			return nil, err
+		}
+	}
+
 	if len(endpoints) == 0 {
 		if cfg.Embed.Logger == nil {
 			cfg.Embed.Logger = cfg.Logger
@@ -232,6 +254,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("etcd client of %v: %w", endpoints, err)
 	}
 	// Fail now, not on the first call, if etcd is not reachable.
+	n.log.Info("waiting for etcd to answer", "endpoints", endpoints)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	_, err = n.cli.Get(pctx, "health-probe")
 	cancel()
@@ -278,7 +301,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
 	}
 	n.grpc = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor()),
+		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor(), n.noSpaceLog()),
 		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
 	)
 	registryv1.RegisterRegistryServer(n.grpc, api)
@@ -407,7 +430,12 @@ func (n *Node) shutdown() error {
 	if n.etcd != nil {
 		n.etcd.Close() // flushes and closes the member's WAL and backend
 	}
-	n.log.Info("regnode stopped", "node", n.cfg.Name)
+	if err := n.dataDir.Unlock(); err != nil {
+		errs = append(errs, err)
+	}
+	if n.grpc != nil { // it served: say it stopped
+		n.log.Info("regnode stopped", "node", n.cfg.Name)
+	}
 	return errors.Join(errs...)
 }
 
@@ -469,4 +497,13 @@ func (n *Node) leader(ctx context.Context) string {
 		return ""
 	}
 	return l.Name
+}
+
+// portFree fails if addr cannot be listened on now (port 0 always can).
+func portFree(what, addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen for the %s on %s: %w", what, addr, err)
+	}
+	return l.Close()
 }

@@ -89,6 +89,8 @@ func toStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
+	case noSpace(err):
+		return noSpaceStatus(err)
 	case errors.Is(err, rpctypes.ErrNoLeader), errors.Is(err, rpctypes.ErrTimeout):
 		return status.Error(codes.Unavailable, err.Error())
 	}
