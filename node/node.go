@@ -289,6 +289,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.serveErr <- fmt.Errorf("fan-out: %w", err)
 		}
 	}()
+	m.WatchInstances(n.hub.Cache().Snapshot)
 	if err := n.startProber(cfg, st); err != nil {
 		return nil, err
 	}

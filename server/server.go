@@ -140,6 +140,9 @@ func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) 
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	if reg.Replaced {
+		s.m.ReRegistrations.Inc()
+	}
 	s.log.Debug("registered", "service", reg.Instance.Service, "id", reg.Instance.Id,
 		"address", reg.Instance.Address, "lease", fmt.Sprintf("%x", reg.LeaseID), "revision", reg.Revision)
 	return &registryv1.RegisterResponse{LeaseId: reg.LeaseID, Revision: reg.Revision,

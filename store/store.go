@@ -94,6 +94,9 @@ type Registration struct {
 	TTL      time.Duration
 	Revision int64
 	Instance *registryv1.Instance
+	// Replaced says the instance's own record (same incarnation), still
+	// alive under an older lease, was replaced: a re-registration.
+	Replaced bool
 }
 
 // Register validates inst, grants a lease of ttl (0 means the default) and
@@ -175,7 +178,9 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 		if kv.Lease != 0 && kv.Lease != int64(lease) {
 			s.revoke(clientv3.LeaseID(kv.Lease))
 		}
-		return s.registered(inst, lease, ttl, resp.Header.Revision), nil
+		reg := s.registered(inst, lease, ttl, resp.Header.Revision)
+		reg.Replaced = derr == nil
+		return reg, nil
 	}
 }
 
