@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/internal/regnodetest"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
@@ -138,7 +139,8 @@ func TestMetricsFollowInstances(t *testing.T) {
 	}()
 
 	register := func(in *registryv1.Instance) error {
-		_, err := reg.Register(ctx, &registryv1.RegisterRequest{Instance: in})
+		// An hour's lease: nothing may expire while the test waits.
+		_, err := reg.Register(ctx, &registryv1.RegisterRequest{Instance: in, Ttl: durationpb.New(time.Hour)})
 		return err
 	}
 	for _, in := range []*registryv1.Instance{

@@ -278,8 +278,8 @@ func TestDataDirInUseFailsLoudly(t *testing.T) {
 	if code := p2.wait(t, 30*time.Second); code != 1 {
 		t.Fatalf("second regnode on %s: exit %d, want 1; stderr:\n%s", dir, code, p2.stderr)
 	}
-	if msg := p2.stderr.String(); !strings.Contains(msg, "data directory is in use: "+dir) {
-		t.Fatalf("second regnode's stderr does not name %s as in use:\n%s", dir, msg)
+	if msg := p2.stderr.String(); !strings.Contains(msg, "data directory is in use: "+dir) || !strings.Contains(msg, "regnode.lock is locked") {
+		t.Fatalf("second regnode's stderr does not name %s as in use by a regnode:\n%s", dir, msg)
 	}
 	waitServing(t, cc, p1)
 	if err := p1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
