@@ -389,7 +389,18 @@ func (n *Node) shutdown() error {
 	}
 	if n.stopEl != nil {
 		n.stopEl() // resigns: another regnode takes over probing at once
-		<-n.elDone
+		t := time.NewTimer(n.cfg.ShutdownGrace)
+		select {
+		case <-n.elDone:
+		case <-t.C:
+			// Opening an election session waits on etcd for as long as
+			// the client lives: with etcd unreachable only closing the
+			// client ends it (a second Close below is harmless).
+			n.log.Warn("election still waiting on etcd; closing the etcd client to stop it")
+			n.cli.Close()
+			<-n.elDone
+		}
+		t.Stop()
 	}
 	if n.probe != nil {
 		n.probe.Close()

@@ -430,3 +430,24 @@ func TestQuotaExhaustedRefusesWritesServesReads(t *testing.T) {
 	}
 	p.waitStderr(t, "etcd is out of space")
 }
+
+// SIGTERM stops a regnode whose etcd went away while it was between
+// election terms (opening a new session waits on etcd for as long as the
+// client lives), with exit 0.
+func TestSignalWhileEtcdUnreachableStopsCleanly(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	px := etcdtest.NewProxy(t, m.ClientURL)
+	api := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+	p := start(t, map[string]string{"REGNODE_ETCD_ENDPOINTS": px.URL(), "REGNODE_LISTEN": api,
+		"REGNODE_METRICS_LISTEN": "off", "REGNODE_SESSION_TTL": "2s", "REGNODE_SHUTDOWN_GRACE": "500ms"})
+	waitServing(t, dial(t, api), p)
+	p.waitStderr(t, "msg=leading")
+	px.Cut()
+	p.waitStderr(t, "leadership term ended")
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM with etcd unreachable; stderr:\n%s", code, p.stderr)
+	}
+}
