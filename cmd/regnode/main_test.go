@@ -383,8 +383,8 @@ func TestPortInUseLeavesNoDataDir(t *testing.T) {
 }
 
 // Past etcd's space quota (--quota-backend-bytes) a write gets
-// ResourceExhausted saying etcd is out of space, the log says so, and
-// reads go on answering with everything written before.
+// ResourceExhausted saying etcd is out of space, the log says so, reads go
+// on answering with everything written before, and deletes go through.
 func TestQuotaExhaustedRefusesWritesServesReads(t *testing.T) {
 	env := embeddedEnv(t, filepath.Join(t.TempDir(), "data"))
 	env["REGNODE_QUOTA_BACKEND_BYTES"] = strconv.Itoa(1 << 20)
@@ -427,6 +427,13 @@ func TestQuotaExhaustedRefusesWritesServesReads(t *testing.T) {
 	}
 	if _, err := reg.Get(ctx, &registryv1.GetRequest{Service: "big", Id: "b-0"}); err != nil {
 		t.Fatalf("Get past the quota: %v", err)
+	}
+	// Deletes free space and etcd lets them through.
+	if _, err := reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: "big", Id: "b-0"}); err != nil {
+		t.Fatalf("Deregister past the quota: %v", err)
+	}
+	if _, err := reg.Get(ctx, &registryv1.GetRequest{Service: "big", Id: "b-0"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("Get of a deregistered instance past the quota: %v, want NotFound", err)
 	}
 	p.waitStderr(t, "etcd is out of space")
 }
