@@ -14,7 +14,8 @@ import (
 )
 
 // Metrics are the counters regnode keeps. Every field is safe for
-// concurrent use.
+// concurrent use. registry_instances is not a field: it is counted from a
+// cache view at scrape time (see WatchInstances).
 type Metrics struct {
 	// Registry is what /metrics serves.
 	Registry *prometheus.Registry
