@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 )
 
 // LockFileName is the file in a data directory that the regnode using it
 // holds an exclusive flock(2) on. The kernel drops the lock when the holder
-// exits, however it exits, so a stale lock file is never in the way.
+// exits, however it exits, so a stale lock file is never in the way. (On
+// systems without flock(2) no lock is taken.)
 const LockFileName = "regnode.lock"
 
 // ErrDataDirInUse means another process (or another member in this one)
@@ -54,10 +54,10 @@ func LockDataDir(dir string) (*DataDir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open lock file of data directory %s: %w", dir, err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := tryLock(f); err != nil {
 		// Remove nothing: whatever is there may be the holder's.
 		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
+		if errors.Is(err, errHeld) {
 			return nil, fmt.Errorf("%w: %s is held by another process (%s is locked: is another regnode running on it?)", ErrDataDirInUse, dir, lockPath)
 		}
 		return nil, fmt.Errorf("lock data directory %s: %w", dir, err)
@@ -67,31 +67,14 @@ func LockDataDir(dir string) (*DataDir, error) {
 	// forever; whoever holds it (an older regnode, etcdutl, etcd) is found
 	// here instead. The probe lock is dropped at once: bbolt takes its own.
 	db := filepath.Join(dir, "member", "snap", "db")
-	if err := probeFlock(db); err != nil {
+	if err := probeLock(db); err != nil {
 		d.Discard()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
+		if errors.Is(err, errHeld) {
 			return nil, fmt.Errorf("%w: %s is held by another process (its etcd backend %s is locked: is an etcd or etcdutl using it?)", ErrDataDirInUse, dir, db)
 		}
 		return nil, fmt.Errorf("data directory %s: check %s: %w", dir, db, err)
 	}
 	return d, nil
-}
-
-// probeFlock takes and drops an exclusive flock on path; a missing file is
-// not held by anyone.
-func probeFlock(path string) error {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return err
-	}
-	return syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 }
 
 // Path is the directory.
