@@ -458,3 +458,70 @@ func TestSignalWhileEtcdUnreachableStopsCleanly(t *testing.T) {
 		t.Fatalf("exit %d after SIGTERM with etcd unreachable; stderr:\n%s", code, p.stderr)
 	}
 }
+
+// A disk that fills up (a small tmpfs, mounted in a user namespace of the
+// regnode's own) stops the regnode with a non-zero exit and a log line that
+// says so: etcd cannot write its WAL or backend and exits, it has no
+// read-only mode for that. Skipped where user namespaces are not allowed.
+func TestFullDiskFailsLoudly(t *testing.T) {
+	if err := exec.Command("unshare", "-rm", "true").Run(); err != nil {
+		t.Skipf("no user namespaces here (unshare -rm: %v)", err)
+	}
+	dir := t.TempDir()
+	env := embeddedEnv(t, filepath.Join(dir, "data"))
+	// etcd preallocates 64 MiB WAL segments, the current one and the next:
+	// leave room for both and 32 MiB more, no quota, so the WAL or the
+	// backend runs into the end of the disk while the regnode serves.
+	script := fmt.Sprintf("mount -t tmpfs -o size=160m tmpfs %s && exec %s", dir, binary)
+	cmd := exec.Command("unshare", "-rm", "sh", "-c", script)
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	cc := dial(t, env["REGNODE_LISTEN"])
+	waitServing(t, cc, p)
+	reg := registryv1.NewRegistryClient(cc)
+	meta := map[string]string{}
+	for i := range 14 {
+		meta[fmt.Sprintf("k%d", i)] = strings.Repeat("x", 1000)
+	}
+	exited := func() bool {
+		select {
+		case <-p.done:
+			return true
+		default:
+			return false
+		}
+	}
+	var last error
+	written := 0
+	for i := 0; i < 5000 && !exited(); i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, last = reg.Register(ctx, &registryv1.RegisterRequest{
+			Instance: &registryv1.Instance{Service: "big", Id: fmt.Sprintf("b-%d", i), Address: "10.0.0.1:80", Metadata: meta},
+			Ttl:      durationpb.New(time.Hour)})
+		cancel()
+		if last == nil {
+			written++
+		}
+	}
+	code := p.wait(t, 60*time.Second)
+	t.Logf("exit %d after %d writes of 14 KB; last write: %v", code, written, last)
+	if code == 0 || !strings.Contains(p.stderr.String(), "no space left on device") {
+		t.Fatalf("full disk: exit %d, want non-zero with a line saying no space left; stderr:\n%s", code, p.stderr)
+	}
+}
