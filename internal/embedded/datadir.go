@@ -43,9 +43,6 @@ func LockDataDir(dir string) (*DataDir, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data directory %s: %w", dir, err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "member")); errors.Is(err, os.ErrNotExist) {
-		d.noMember = true
-	}
 	lockPath := filepath.Join(dir, LockFileName)
 	if _, err := os.Stat(lockPath); errors.Is(err, os.ErrNotExist) {
 		d.createdLock = true
@@ -63,6 +60,14 @@ func LockDataDir(dir string) (*DataDir, error) {
 		return nil, fmt.Errorf("lock data directory %s: %w", dir, err)
 	}
 	d.lock = f
+	// What Discard may remove is decided under the lock: a holder that
+	// just left may have written here between the checks above and now.
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 1 {
+		d.createdDir = false
+	}
+	if _, err := os.Stat(filepath.Join(dir, "member")); errors.Is(err, os.ErrNotExist) {
+		d.noMember = true
+	}
 	// etcd's backend takes its own flock on the db file and waits for it
 	// forever; whoever holds it (an older regnode, etcdutl, etcd) is found
 	// here instead. The probe lock is dropped at once: bbolt takes its own.
