@@ -429,8 +429,8 @@ func checkDrainedViews(rep *Report, name string, views []View, key string, drain
 }
 
 // routability is, per address, the revisions at which some instance with
-// that address was routable (record.Routable, as the resolver decides),
-// as closed intervals; an open one ends at math.MaxInt64.
+// that address was callable (see callable), as closed intervals; an open
+// one ends at math.MaxInt64.
 type routability map[string][][2]int64
 
 func routableIntervals(events []Event) routability {
@@ -456,10 +456,10 @@ func routableIntervals(events []Event) routability {
 					touched[x.Address], before[x.Address] = true, count[x.Address]
 				}
 			}
-			if old := state[ev.Key]; old != nil && record.Routable(old) {
+			if old := state[ev.Key]; old != nil && callable(old) {
 				count[old.Address]--
 			}
-			if in != nil && record.Routable(in) {
+			if in != nil && callable(in) {
 				count[in.Address]++
 			}
 			if in != nil {
@@ -482,6 +482,15 @@ func routableIntervals(events []Event) routability {
 	return out
 }
 
+// callable is whether the SDK's balancer may send in a new call: it is
+// SERVING. Routable (healthy) instances get the calls, but in panic mode
+// (too few routable) the balancer spreads calls over every SERVING
+// instance, sick ones included, by design; a DRAINING, STARTING or deleted
+// instance never gets one.
+func callable(in *registryv1.Instance) bool {
+	return in.GetLifecycle() == registryv1.Lifecycle_LIFECYCLE_SERVING
+}
+
 // routableDuring is true if some instance at addr was routable at some
 // revision in [lo, hi].
 func (r routability) routableDuring(addr string, lo, hi int64) bool {
@@ -497,7 +506,7 @@ func (r routability) routableDuring(addr string, lo, hi int64) bool {
 // for why it is sound without clocks): a call served by a backend whose
 // address no instance made routable at any revision of the call's window
 // reached an instance that every view the caller could have routed it by
-// had out of rotation (DRAINING, unhealthy or deleted): a violation.
+// had out of rotation (DRAINING, STARTING or deleted): a violation.
 // Calls whose window reaches past upTo are not judged.
 func CheckCalls(rep *Report, events []Event, upTo int64, calls []Call, served []Served) {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].Rev < events[j].Rev })
