@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
+	"github.com/regcluster/registry/internal/chunk"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -48,6 +49,8 @@ type Client struct {
 	log    *slog.Logger
 	ctx    context.Context // ends on Close: the lifetime of shared subscriptions
 	cancel context.CancelFunc
+
+	endpoints int // how many regnodes Endpoints names
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -81,6 +84,10 @@ func New(cfg Config) (*Client, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		// Every regnode message is at most chunk.MaxBytes (watch chunks,
+		// list pages); RecvLimit leaves room for a regnode that frames
+		// differently.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(chunk.RecvLimit)),
 	}, cfg.DialOptions...)
 	cc, err := grpc.NewClient(r.Scheme()+":///regnodes", opts...)
 	if err != nil {
@@ -92,7 +99,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
-		shared: map[string]*shared{}}, nil
+		endpoints: len(eps), shared: map[string]*shared{}}, nil
 }
 
 // API is the raw registry.v1 client, for calls the SDK does not wrap.

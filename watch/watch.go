@@ -7,9 +7,12 @@
 // resumed from the last delivered revision + 1, with backoff and jitter. A
 // compacted revision leads to a fresh list, delivered as a reset snapshot.
 // If etcd's cluster id changes, or its revision is found lower than one
-// already delivered (etcd restored from a backup), a snapshot flagged
+// already delivered (etcd restored from a backup), or (with
+// Config.EpochKey) the epoch stored in etcd changes, a snapshot flagged
 // NewEpoch is delivered and the change is logged at error level: that is
-// the one case where the revision may go down. Idle watchers ask etcd for
+// the one case where the revision may go down. With Config.EpochKey, the
+// Watcher is also the one that starts a new epoch when it finds a restored
+// etcd still carrying the old one (see internal/epoch). Idle watchers ask etcd for
 // progress so their revision keeps moving; watches require a leader, so a
 // partitioned member cannot silently starve them.
 package watch
@@ -27,6 +30,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/epoch"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -52,6 +56,11 @@ type Config struct {
 	Logger *slog.Logger
 	// OnJunk is called for every record that is not a valid instance.
 	OnJunk func(key string, err error)
+	// EpochKey, if set, is where the epoch of the history lives (see
+	// internal/epoch): every snapshot carries the epoch it was read at, the
+	// Watcher creates it if absent and replaces it when it finds etcd
+	// restored under it, and checks it at least every ProgressInterval.
+	EpochKey string
 	// OnRestart is called each time the watch is re-established, with the
 	// reason: "error", "compacted", "new-epoch", "closed".
 	OnRestart func(reason string, err error)
@@ -66,6 +75,8 @@ type Watcher struct {
 
 	rev       int64  // last delivered revision
 	clusterID uint64 // cluster the last delivery came from
+	epoch     string // epoch of the last snapshot delivered (with EpochKey)
+	lastCheck time.Time
 }
 
 // New returns a Watcher; it fails only on a missing client or bad service.
@@ -178,15 +189,47 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // list reads the whole prefix at one revision and delivers it as a
-// snapshot (a reset if anything was delivered before).
+// snapshot (a reset if anything was delivered before). With EpochKey it
+// reads the epoch at the same revision; an absent epoch is created, and an
+// unchanged one on an etcd that is evidently another history (another
+// cluster, or a revision below the one delivered) is replaced, before the
+// list is read again.
 func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
-	var (
-		insts []*registryv1.Instance
-		rev   int64
-		cid   uint64
-		from  = w.prefix
-		end   = clientv3.GetPrefixRangeEnd(w.prefix)
-	)
+	for tries := 0; ; tries++ {
+		insts, rev, cid, ep, err := w.read(ctx)
+		if err != nil {
+			return err
+		}
+		suspect := w.rev != 0 && w.epochChanged(cid, rev)
+		if w.cfg.EpochKey != "" && (ep == "" || suspect && ep == w.epoch) {
+			if tries >= 3 {
+				return fmt.Errorf("epoch %s still %q after %d replacements", w.cfg.EpochKey, ep, tries)
+			}
+			next, err := epoch.Replace(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.cfg.EpochKey, ep)
+			if err != nil {
+				return err
+			}
+			w.log.Warn("started a new epoch", "old", ep, "new", next, "etcd_revision", rev)
+			continue
+		}
+		newEpoch := w.rev != 0 && (ep != w.epoch || w.cfg.EpochKey == "" && suspect)
+		if newEpoch && ep != w.epoch {
+			w.log.Error("etcd epoch changed: starting a new epoch, the revision may go down",
+				"old_epoch", w.epoch, "new_epoch", ep, "delivered", w.rev, "etcd", rev)
+		}
+		b := cache.Batch{Revision: rev, Snapshot: true, Reset: w.rev != 0, NewEpoch: newEpoch, Epoch: ep, Instances: insts}
+		if err := deliver(b); err != nil {
+			return errStop{err}
+		}
+		w.rev, w.clusterID, w.epoch = rev, cid, ep
+		return nil
+	}
+}
+
+// read lists the prefix page by page at one revision, and the epoch at the
+// same revision.
+func (w *Watcher) read(ctx context.Context) (insts []*registryv1.Instance, rev int64, cid uint64, ep string, err error) {
+	from, end := w.prefix, clientv3.GetPrefixRangeEnd(w.prefix)
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize)}
 		if rev != 0 {
@@ -194,7 +237,7 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 		}
 		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), from, opts...)
 		if err != nil {
-			return fmt.Errorf("list %s at revision %d: %w", w.prefix, rev, err)
+			return nil, 0, 0, "", fmt.Errorf("list %s at revision %d: %w", w.prefix, rev, err)
 		}
 		if rev == 0 {
 			rev, cid = resp.Header.Revision, resp.Header.ClusterId
@@ -209,15 +252,16 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	b := cache.Batch{Revision: rev, Snapshot: true, Reset: w.rev != 0, Instances: insts}
-	if w.rev != 0 {
-		b.NewEpoch = w.epochChanged(cid, rev)
+	if w.cfg.EpochKey != "" {
+		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), w.cfg.EpochKey, clientv3.WithRev(rev))
+		if err != nil {
+			return nil, 0, 0, "", fmt.Errorf("read epoch %s at revision %d: %w", w.cfg.EpochKey, rev, err)
+		}
+		if len(resp.Kvs) > 0 {
+			ep = string(resp.Kvs[0].Value)
+		}
 	}
-	if err := deliver(b); err != nil {
-		return errStop{err}
-	}
-	w.rev, w.clusterID = rev, cid
-	return nil
+	return insts, rev, cid, ep, nil
 }
 
 // epochChanged reports (loudly) an etcd that is not the one we followed:
@@ -264,8 +308,20 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 		clientv3.WithProgressNotify())
 	idle := time.NewTimer(w.cfg.ProgressInterval)
 	defer idle.Stop()
+	// A busy stream never goes idle: check the epoch on a clock too, so a
+	// restore another regnode noticed is noticed here within an interval.
+	check := time.NewTicker(w.cfg.ProgressInterval)
+	defer check.Stop()
 	for {
 		select {
+		case <-check.C:
+			if time.Since(w.lastCheck) < w.cfg.ProgressInterval/2 {
+				continue
+			}
+			if _, relist, err := w.checkEpoch(wctx); err != nil {
+				return relist, err
+			}
+			continue
 		case <-idle.C:
 			// A quiet stream may be a quiet registry, or an etcd restored
 			// behind our back: etcd's client resumes a broken watch by
@@ -336,13 +392,27 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 // returns etcd's revision; relist is true if it is another cluster, or the
 // same one at a revision below what was delivered.
 func (w *Watcher) checkEpoch(ctx context.Context) (rev int64, relist bool, err error) {
-	head, err := w.cfg.Client.Get(ctx, w.prefix+"\x00epoch-check")
+	w.lastCheck = time.Now()
+	key := w.cfg.EpochKey
+	if key == "" {
+		key = w.prefix + "\x00epoch-check"
+	}
+	head, err := w.cfg.Client.Get(ctx, key)
 	if err != nil {
 		return 0, false, fmt.Errorf("check etcd: %w", err)
 	}
 	if head.Header.ClusterId != w.clusterID || head.Header.Revision < w.rev {
 		return 0, true, fmt.Errorf("%w: cluster %x at revision %d, delivered %x at %d", errEpoch,
 			head.Header.ClusterId, head.Header.Revision, w.clusterID, w.rev)
+	}
+	if w.cfg.EpochKey != "" {
+		ep := ""
+		if len(head.Kvs) > 0 {
+			ep = string(head.Kvs[0].Value)
+		}
+		if ep != w.epoch {
+			return 0, true, fmt.Errorf("%w: epoch %q in etcd, delivered %q", errEpoch, ep, w.epoch)
+		}
 	}
 	return head.Header.Revision, false, nil
 }
