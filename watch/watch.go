@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -77,6 +78,26 @@ type Watcher struct {
 	clusterID uint64 // cluster the last delivery came from
 	epoch     string // epoch of the last snapshot delivered (with EpochKey)
 	lastCheck time.Time
+	// mark is the newest put delivered: etcd must still hold it at its
+	// revision, or the revisions delivered are of another history (etcd
+	// restored and already past them).
+	mark mark
+	// suspect: a check found etcd on another history; the next list
+	// starts a new epoch even if the revision did not go down.
+	suspect bool
+}
+
+// mark is one put: its key, its revision and a hash of its value.
+type mark struct {
+	key string
+	rev int64
+	sum uint64
+}
+
+func markOf(kv *mvccpb.KeyValue) mark {
+	h := fnv.New64a()
+	h.Write(kv.Value)
+	return mark{key: string(kv.Key), rev: kv.ModRevision, sum: h.Sum64()}
 }
 
 // New returns a Watcher; it fails only on a missing client or bad service.
@@ -196,11 +217,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // list is read again.
 func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 	for tries := 0; ; tries++ {
-		insts, rev, cid, ep, err := w.read(ctx)
+		insts, rev, cid, ep, newest, err := w.read(ctx)
 		if err != nil {
 			return err
 		}
-		suspect := w.rev != 0 && w.epochChanged(cid, rev)
+		suspect := w.rev != 0 && (w.epochChanged(cid, rev) || w.suspect)
 		if w.cfg.EpochKey != "" && (ep == "" || suspect && ep == w.epoch) {
 			if tries >= 3 {
 				return fmt.Errorf("epoch %s still %q after %d replacements", w.cfg.EpochKey, ep, tries)
@@ -221,14 +242,14 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 		if err := deliver(b); err != nil {
 			return errStop{err}
 		}
-		w.rev, w.clusterID, w.epoch = rev, cid, ep
+		w.rev, w.clusterID, w.epoch, w.mark, w.suspect = rev, cid, ep, newest, false
 		return nil
 	}
 }
 
 // read lists the prefix page by page at one revision, and the epoch at the
 // same revision.
-func (w *Watcher) read(ctx context.Context) (insts []*registryv1.Instance, rev int64, cid uint64, ep string, err error) {
+func (w *Watcher) read(ctx context.Context) (insts []*registryv1.Instance, rev int64, cid uint64, ep string, newest mark, err error) {
 	from, end := w.prefix, clientv3.GetPrefixRangeEnd(w.prefix)
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize)}
@@ -237,12 +258,15 @@ func (w *Watcher) read(ctx context.Context) (insts []*registryv1.Instance, rev i
 		}
 		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), from, opts...)
 		if err != nil {
-			return nil, 0, 0, "", fmt.Errorf("list %s at revision %d: %w", w.prefix, rev, err)
+			return nil, 0, 0, "", mark{}, fmt.Errorf("list %s at revision %d: %w", w.prefix, rev, err)
 		}
 		if rev == 0 {
 			rev, cid = resp.Header.Revision, resp.Header.ClusterId
 		}
 		for _, kv := range resp.Kvs {
+			if kv.ModRevision > newest.rev {
+				newest = markOf(kv)
+			}
 			if in := w.decode(kv); in != nil {
 				insts = append(insts, in)
 			}
@@ -255,13 +279,13 @@ func (w *Watcher) read(ctx context.Context) (insts []*registryv1.Instance, rev i
 	if w.cfg.EpochKey != "" {
 		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), w.cfg.EpochKey, clientv3.WithRev(rev))
 		if err != nil {
-			return nil, 0, 0, "", fmt.Errorf("read epoch %s at revision %d: %w", w.cfg.EpochKey, rev, err)
+			return nil, 0, 0, "", mark{}, fmt.Errorf("read epoch %s at revision %d: %w", w.cfg.EpochKey, rev, err)
 		}
 		if len(resp.Kvs) > 0 {
 			ep = string(resp.Kvs[0].Value)
 		}
 	}
-	return insts, rev, cid, ep, nil
+	return insts, rev, cid, ep, newest, nil
 }
 
 // epochChanged reports (loudly) an etcd that is not the one we followed:
@@ -388,27 +412,48 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 	}
 }
 
-// checkEpoch reads etcd's header (one linearizable read of one key) and
-// returns etcd's revision; relist is true if it is another cluster, or the
-// same one at a revision below what was delivered.
+// checkEpoch reads etcd's header, the epoch and the newest put delivered
+// (one linearizable txn) and returns etcd's revision; relist is true if it
+// is another cluster, the same one at a revision below what was delivered,
+// on another epoch, or without that put at its revision (restored, and
+// already past what was delivered).
 func (w *Watcher) checkEpoch(ctx context.Context) (rev int64, relist bool, err error) {
 	w.lastCheck = time.Now()
 	key := w.cfg.EpochKey
 	if key == "" {
 		key = w.prefix + "\x00epoch-check"
 	}
-	head, err := w.cfg.Client.Get(ctx, key)
-	if err != nil {
+	ops := []clientv3.Op{clientv3.OpGet(key)}
+	if w.mark.rev != 0 {
+		ops = append(ops, clientv3.OpGet(w.mark.key, clientv3.WithRev(w.mark.rev)))
+	}
+	head, err := w.cfg.Client.Txn(ctx).Then(ops...).Commit()
+	switch {
+	case errors.Is(err, rpctypes.ErrCompacted):
+		// The mark's revision is compacted: it can no longer be checked.
+		w.mark = mark{}
+		return w.checkEpoch(ctx)
+	case errors.Is(err, rpctypes.ErrFutureRev):
+		w.suspect = true
+		return 0, true, fmt.Errorf("%w: revision %d delivered is in etcd's future", errEpoch, w.mark.rev)
+	case err != nil:
 		return 0, false, fmt.Errorf("check etcd: %w", err)
 	}
 	if head.Header.ClusterId != w.clusterID || head.Header.Revision < w.rev {
 		return 0, true, fmt.Errorf("%w: cluster %x at revision %d, delivered %x at %d", errEpoch,
 			head.Header.ClusterId, head.Header.Revision, w.clusterID, w.rev)
 	}
+	if w.mark.rev != 0 {
+		kvs := head.Responses[1].GetResponseRange().GetKvs()
+		if len(kvs) == 0 || markOf(kvs[0]) != w.mark {
+			w.suspect = true
+			return 0, true, fmt.Errorf("%w: etcd does not hold the put of %s at revision %d that was delivered", errEpoch, w.mark.key, w.mark.rev)
+		}
+	}
 	if w.cfg.EpochKey != "" {
 		ep := ""
-		if len(head.Kvs) > 0 {
-			ep = string(head.Kvs[0].Value)
+		if kvs := head.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			ep = string(kvs[0].Value)
 		}
 		if ep != w.epoch {
 			return 0, true, fmt.Errorf("%w: epoch %q in etcd, delivered %q", errEpoch, ep, w.epoch)
@@ -422,9 +467,15 @@ func (w *Watcher) checkEpoch(ctx context.Context) (rev int64, relist bool, err e
 func (w *Watcher) deliverEvents(evs []*clientv3.Event, deliver Deliver) error {
 	for i := 0; i < len(evs); {
 		rev := evs[i].Kv.ModRevision
-		var batch []cache.Event
+		var (
+			batch []cache.Event
+			put   *mvccpb.KeyValue // a put of this revision, for the mark
+		)
 		for ; i < len(evs) && evs[i].Kv.ModRevision == rev; i++ {
 			ev := evs[i]
+			if ev.Type == clientv3.EventTypePut {
+				put = ev.Kv
+			}
 			key := string(ev.Kv.Key)
 			service, id, ok := w.keys.Parse(key)
 			if ev.Type == clientv3.EventTypeDelete {
@@ -451,6 +502,9 @@ func (w *Watcher) deliverEvents(evs []*clientv3.Event, deliver Deliver) error {
 			return errStop{err}
 		}
 		w.rev = rev
+		if put != nil {
+			w.mark = markOf(put)
+		}
 	}
 	return nil
 }
