@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -119,9 +120,10 @@ type ViewInst struct {
 
 // View is one state a subscriber exposed.
 type View struct {
-	Rev   int64
-	Reset bool
-	Insts map[string]ViewInst // by key
+	Rev      int64
+	Reset    bool
+	NewEpoch bool                // a reset onto another etcd history (restored)
+	Insts    map[string]ViewInst // by key
 }
 
 // Subscriber is an SDK subscription that records every view it exposes.
@@ -173,7 +175,7 @@ func (s *Subscriber) record(ch client.Change) {
 			delete(s.cur, s.keys.Instance(k.Service, k.ID))
 		}
 	}
-	s.views = append(s.views, View{Rev: ch.Revision, Reset: ch.Snapshot, Insts: maps.Clone(s.cur)})
+	s.views = append(s.views, View{Rev: ch.Revision, Reset: ch.Snapshot, NewEpoch: ch.NewEpoch, Insts: maps.Clone(s.cur)})
 	s.mu.Unlock()
 	if s.delay > 0 {
 		time.Sleep(s.delay)
@@ -284,6 +286,9 @@ func Check(events []Event, upTo int64, subs []*Subscriber, open []string) Report
 	lastHealth := map[string]*registryv1.Health{}
 	for _, ev := range events {
 		if !isInstance(ev.Key) {
+			if !strings.HasPrefix(ev.Key, keys.Election()+"/") {
+				continue // not a candidate (the epoch key, junk)
+			}
 			if ev.Delete {
 				delete(created, ev.Key)
 			} else if _, ok := created[ev.Key]; !ok {
