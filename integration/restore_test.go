@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -99,7 +98,16 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 		p.Cut()
 	}
 	cutAt := e.subs[1].Sub.Revision()
-	time.Sleep(500 * time.Millisecond)
+	for deadline := time.Now().Add(30 * time.Second); ; { // etcd moves past it
+		head, err := e.cl.Etcd.Get(ctx, "cut")
+		if err == nil && head.Header.Revision > cutAt+2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd did not move past %d", cutAt)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	snapPath := filepath.Join(t.TempDir(), "snapshot.db")
 	snapRev := etcdtest.SaveSnapshot(t, e.cl.Etcd, snapPath)
 	// The workload goes on past the snapshot; "late" follows, then is cut.
@@ -194,5 +202,4 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 			t.Errorf("subscriber %s: %d new epochs", s.Name, n)
 		}
 	}
-	_ = fmt.Sprint
 }

@@ -116,9 +116,11 @@ func TestSplitThousandLargeRecords(t *testing.T) {
 	if !proto.Equal(joined, unit) {
 		t.Fatal("joined snapshot differs")
 	}
-	if total := proto.Size(unit); n < total/MaxBytes+1 || total < 4<<20 {
+	total := proto.Size(unit)
+	if n < total/MaxBytes+1 || total < 4<<20 {
 		t.Fatalf("%d chunks for %d bytes", n, total)
 	}
+	t.Logf("a snapshot of 1000 records of ~14 KiB: %d bytes in %d chunks of at most %d", total, n, MaxBytes)
 }
 
 func TestJoinerRefusesBrokenFraming(t *testing.T) {
