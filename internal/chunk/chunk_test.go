@@ -27,9 +27,15 @@ func instance(i, size int) *registryv1.Instance {
 	return in
 }
 
+// fataler is what roundTrip needs of a *testing.T or a *rapid.T.
+type fataler interface {
+	Fatalf(string, ...any)
+	Fatal(...any)
+}
+
 // roundTrip splits unit, checks every chunk's bound and flags, and joins
 // the chunks back.
-func roundTrip(t interface{ Fatalf(string, ...any); Fatal(...any) }, unit *registryv1.WatchResponse, maxBytes int) (*registryv1.WatchResponse, int) {
+func roundTrip(t fataler, unit *registryv1.WatchResponse, maxBytes int) (*registryv1.WatchResponse, int) {
 	var (
 		j      Joiner
 		joined *registryv1.WatchResponse
