@@ -261,6 +261,7 @@ func (s *Subscription) stream(ctx context.Context) error {
 	from, ep, fresh := s.cache.Revision(), s.Epoch(), s.takeFresh()
 	if fresh {
 		from, ep = 0, ""
+		defer func() { s.keepFresh(fresh) }() // still due if no snapshot came
 	}
 	ws, err := s.c.api.Watch(sctx, &registryv1.WatchRequest{Service: s.service, FromRevision: from, Epoch: ep})
 	if err != nil {

@@ -94,10 +94,10 @@ func (s *Subscription) setEpoch(ep string) {
 }
 
 // noteAhead counts a regnode's REVISION_AHEAD answer. Once as many
-// regnodes in a row as the client has endpoints gave it (round robin
-// sends each attempt to the next), none has the view's revision: the next
-// stream subscribes afresh, and its snapshot replaces the view as a new
-// epoch even if its revision is lower.
+// answers in a row as the client has endpoints (at least two) say so
+// (round robin sends each attempt to the next regnode that is up), none
+// has the view's revision: the next stream subscribes afresh, and its
+// snapshot replaces the view as a new epoch even if its revision is lower.
 func (s *Subscription) noteAhead(err error) {
 	if reason(err) != reasonRevisionAhead {
 		return
@@ -110,6 +110,17 @@ func (s *Subscription) noteAhead(err error) {
 		s.c.log.Warn("no regnode has this subscription's revision; subscribing afresh",
 			"service", s.service, "revision", s.cache.Revision(), "epoch", s.mu.epoch, "err", err)
 	}
+}
+
+// keepFresh makes the next stream subscribe afresh again if still is
+// true (the fresh stream ended before its snapshot).
+func (s *Subscription) keepFresh(still bool) {
+	if !still {
+		return
+	}
+	s.mu.Lock()
+	s.mu.afresh = true
+	s.mu.Unlock()
 }
 
 // takeFresh reports (once) that the next stream must subscribe afresh.
