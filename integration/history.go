@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,8 +121,9 @@ type ViewInst struct {
 
 // View is one state a subscriber exposed.
 type View struct {
-	Rev   int64
-	Reset bool
+	Rev      int64
+	Reset    bool
+	NewEpoch bool // a reset onto another etcd history (restored)
 	// Stream counts the subscription's reconnects when it showed this
 	// view: views of one stream share it. A subscription that resumes on
 	// a new stream gets what it missed replayed as one change.
@@ -207,7 +209,7 @@ func (s *Subscriber) record(ch client.Change) {
 			delete(s.cur, s.keys.Instance(k.Service, k.ID))
 		}
 	}
-	s.views = append(s.views, View{Rev: ch.Revision, Reset: ch.Snapshot, Stream: stream, Insts: maps.Clone(s.cur)})
+	s.views = append(s.views, View{Rev: ch.Revision, Reset: ch.Snapshot, NewEpoch: ch.NewEpoch, Stream: stream, Insts: maps.Clone(s.cur)})
 	gate := s.gate
 	s.mu.Unlock()
 	if gate != nil {
@@ -327,6 +329,9 @@ func Check(events []Event, upTo int64, subs []*Subscriber, open []string) Report
 	lastHealth := map[string]*registryv1.Health{}
 	for _, ev := range events {
 		if !isInstance(ev.Key) {
+			if !strings.HasPrefix(ev.Key, keys.Election()+"/") {
+				continue // not a candidate (the epoch key, junk)
+			}
 			if ev.Delete {
 				delete(created, ev.Key)
 			} else if _, ok := created[ev.Key]; !ok {
