@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/httpapi"
 	"github.com/regcluster/registry/internal/etcdtest"
@@ -59,7 +60,8 @@ func start(t *testing.T) *fixture {
 
 func (f *fixture) register(t *testing.T, service, id, addr string) *registryv1.RegisterResponse {
 	t.Helper()
-	resp, err := f.rpc.Register(context.Background(), &registryv1.RegisterRequest{Instance: &registryv1.Instance{
+	// An hour's lease: nothing keeps it alive during the test.
+	resp, err := f.rpc.Register(context.Background(), &registryv1.RegisterRequest{Ttl: durationpb.New(time.Hour), Instance: &registryv1.Instance{
 		Service: service, Id: id, Address: addr, Zone: "z1", Version: "v1.2", Metadata: map[string]string{"k": "v"}}})
 	if err != nil {
 		t.Fatalf("register %s/%s: %v", service, id, err)

@@ -112,14 +112,22 @@
 
   // ---- drain and undrain ---------------------------------------------
 
+  // Instances with a drain or undrain in flight. The button is marked
+  // aria-disabled rather than disabled: disabling a focused button would
+  // throw the keyboard focus back to the page.
+  const pending = new Set();
+
   async function lifecycle(service, id, action, button) {
-    button.disabled = true;
+    const key = service + "/" + id;
+    if (pending.has(key)) return;
+    pending.add(key);
+    button.setAttribute("aria-disabled", "true");
     say((action === "drain" ? "Draining " : "Undraining ") + service + "/" + id + "…");
     try {
       const r = await fetch("/api/v1/services/" + encodeURIComponent(service) + "/instances/" + encodeURIComponent(id) + "/" + action, {
         method: "POST",
         headers: { "Content-Type": "application/json", Accept: "application/json" },
-        body: action === "drain" ? JSON.stringify({ reason: "drained from the dashboard" }) : "{}",
+        body: action === "drain" ? JSON.stringify({ reason: "from the dashboard" }) : "{}",
       });
       const body = await r.json();
       if (!r.ok) throw new Error(body.error || r.statusText);
@@ -128,7 +136,9 @@
     } catch (e) {
       say("Could not " + action + " " + service + "/" + id + ": " + e.message, true);
     } finally {
-      button.disabled = false;
+      pending.delete(key);
+      button.removeAttribute("aria-disabled");
+      queueRender();
     }
   }
 
@@ -200,10 +210,13 @@
     const draining = i.lifecycle === "DRAINING";
     const action = draining ? "undrain" : "drain";
     const b = el("button", {
-      type: "button", class: action, "data-focus": action + ":" + key,
+      // One focus key per instance, so focus stays on its button when
+      // Drain turns into Undrain.
+      type: "button", class: action, "data-focus": "lifecycle:" + key,
       "aria-label": (draining ? "Undrain " : "Drain ") + key,
       text: draining ? "Undrain" : "Drain",
     });
+    if (pending.has(key)) b.setAttribute("aria-disabled", "true");
     if (readOnly) {
       b.disabled = true;
       b.title = "read-only: use regctl " + action + " " + key;
