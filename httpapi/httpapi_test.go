@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -25,6 +26,7 @@ import (
 	"github.com/regcluster/registry/internal/view"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
+	"github.com/regcluster/registry/server"
 )
 
 func TestMain(m *testing.M) {
@@ -432,5 +434,40 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A snapshot larger than one gRPC message (server.SnapshotChunk
+// instances) is one SSE event, as regctl watch prints it.
+func TestWatchSSEJoinsAChunkedSnapshot(t *testing.T) {
+	f := start(t)
+	keys := record.NewKeys(f.rn.Prefix)
+	const n = server.SnapshotChunk + 7
+	for i := range n {
+		inst := &registryv1.Instance{Service: "bulk", Id: fmt.Sprintf("b-%04d", i), Address: "127.0.0.1:9000",
+			Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING}
+		v, err := record.Encode(inst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.rn.Etcd.Put(context.Background(), keys.Instance("bulk", inst.Id), string(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var last int64
+	waitFor(t, "the fan-out to hold every bulk instance", func() bool {
+		r, err := f.rpc.List(context.Background(), &registryv1.ListRequest{Service: "bulk"})
+		if err == nil && len(r.Instances) == n {
+			last = r.Revision
+		}
+		return err == nil && len(r.Instances) == n
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, resp := f.watch(t, ctx, "/api/v1/watch?service=bulk&from_revision=0")
+	defer resp.Body.Close()
+	ev := s.next()
+	if ev.line.Type != view.WatchSnapshot || len(ev.line.Instances) != n || ev.line.Revision < last {
+		t.Fatalf("first event: %s with %d instances at %d, want one snapshot of %d at >= %d", ev.line.Type, len(ev.line.Instances), ev.line.Revision, n, last)
 	}
 }
