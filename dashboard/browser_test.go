@@ -237,4 +237,25 @@ func TestDashboardInBrowser(t *testing.T) {
 			cell("orders/o-1", "lifecycle")+` === "SERVING" && document.activeElement.textContent === "Drain" && `+
 				`document.activeElement.closest("tr").dataset.key === "orders/o-1"`)
 	})
+
+	// The status panel follows etcd without a reload or a reconnect: it
+	// is refreshed while progress arrives, so a compaction (which no
+	// instance event carries) shows.
+	t.Run("a compaction shows", func(t *testing.T) {
+		poll(t, tab, "no Status call in flight", `__statusCalls.started === __statusCalls.done`)
+		before, err := chromedp.Run(tab, chromedp.Evaluate[int](`__statusCalls.done`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := rn.Etcd.Get(ctx, "any")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rn.Etcd.Compact(ctx, r.Header.Revision); err != nil {
+			t.Fatal(err)
+		}
+		poll(t, tab, "the compact revision from a later Status call", fmt.Sprintf(
+			`__statusCalls.done > %d && document.getElementById("compact").textContent === "%d"`, before, r.Header.Revision))
+		poll(t, tab, "the same document (no reload)", `window.__sameDocument === true`)
+	})
 }

@@ -98,8 +98,13 @@
     queueRender();
   }
 
+  // statusCalls counts Status calls started and finished (read by the
+  // browser tests to know none is in flight).
+  const statusCalls = (window.__statusCalls = { started: 0, done: 0 });
+
   async function refreshStatus() {
     statusAt = Date.now();
+    statusCalls.started++;
     try {
       const r = await fetch("/api/v1/status", { headers: { Accept: "application/json" } });
       const s = await r.json();
@@ -107,6 +112,8 @@
       renderStatus(s);
     } catch (e) {
       $("leader").textContent = "status unavailable";
+    } finally {
+      statusCalls.done++;
     }
   }
 
