@@ -471,3 +471,28 @@ func TestWatchSSEJoinsAChunkedSnapshot(t *testing.T) {
 		t.Fatalf("first event: %s with %d instances at %d, want one snapshot of %d at >= %d", ev.line.Type, len(ev.line.Instances), ev.line.Revision, n, last)
 	}
 }
+
+// Closing the regnode ends an open SSE watch (the stream reaches its end)
+// and Close reports no error: the watch does not hold the HTTP server's
+// shutdown until its grace runs out.
+func TestCloseEndsSSEWatch(t *testing.T) {
+	f := start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, resp := f.watch(t, ctx, "/api/v1/watch")
+	defer resp.Body.Close()
+	if ev := s.next(); ev.line.Type != view.WatchSnapshot {
+		t.Fatalf("first event = %+v", ev)
+	}
+	if err := f.rn.Node.Close(); err != nil {
+		t.Fatalf("close with an SSE watch open: %v", err)
+	}
+	for {
+		if _, err := s.rd.ReadString('\n'); err != nil {
+			if err != io.EOF {
+				t.Fatalf("the SSE watch ended with %v, want its end (EOF)", err)
+			}
+			return
+		}
+	}
+}
