@@ -236,6 +236,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		poll(t, tab, "o-1 SERVING with a Drain button that still has the focus",
 			cell("orders/o-1", "lifecycle")+` === "SERVING" && document.activeElement.textContent === "Drain" && `+
 				`document.activeElement.closest("tr").dataset.key === "orders/o-1"`)
+		screenshot(t, tab, "dashboard-keyboard-focus")
 	})
 
 	// The status panel follows etcd without a reload or a reconnect: it
