@@ -381,7 +381,7 @@ func (f *fixture) watch(t *testing.T, ctx context.Context, path string, hdr ...s
 func TestWatchSSE(t *testing.T) {
 	f := start(t)
 	f.register(t, "orders", "o-1", "127.0.0.1:9001")
-	f.register(t, "billing", "b-1", "127.0.0.1:9101")
+	f.caughtUp(t, f.register(t, "billing", "b-1", "127.0.0.1:9101").Revision)
 	subs := f.rn.Node.Metrics().Subscribers
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -426,6 +426,14 @@ func TestWatchSSE(t *testing.T) {
 	}
 }
 
+// caughtUp waits until the regnode's fan-out has applied rev, so that a
+// new watch's snapshot holds everything written up to it (a watch is served
+// from the fan-out, which follows etcd a little behind).
+func (f *fixture) caughtUp(t *testing.T, rev int64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("the fan-out to reach revision %d", rev), func() bool { return f.rn.Node.Hub().Cache().Revision() >= rev })
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -454,14 +462,12 @@ func TestWatchSSEJoinsAChunkedSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var last int64
-	waitFor(t, "the fan-out to hold every bulk instance", func() bool {
-		r, err := f.rpc.List(context.Background(), &registryv1.ListRequest{Service: "bulk"})
-		if err == nil && len(r.Instances) == n {
-			last = r.Revision
-		}
-		return err == nil && len(r.Instances) == n
-	})
+	r, err := f.rn.Etcd.Get(context.Background(), "any")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := r.Header.Revision
+	f.caughtUp(t, last)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s, resp := f.watch(t, ctx, "/api/v1/watch?service=bulk&from_revision=0")
