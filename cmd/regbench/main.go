@@ -6,7 +6,7 @@
 // that matter are ratios that hold on a noisy machine.
 //
 //	regbench SCENARIO [flags]       SCENARIO: register, propagate, compaction,
-//	                                failover, fanout, resync, or all
+//	                                failover, fanout, resync, pick, or all
 //
 // It starts everything it needs itself (embedded etcd, regnodes via
 // node.Start, gRPC backends, subscribers; all on loopback), prints a
@@ -57,6 +57,7 @@ var scenarios = []scenario{
 	{"failover", runFailover},
 	{"fanout", runFanout},
 	{"resync", runResync},
+	{"pick", runPick},
 }
 
 // intList is a flag of comma-separated integers.
@@ -116,6 +117,10 @@ type config struct {
 
 	resyncN       int
 	resyncRepeats int
+
+	pickN      intList
+	pickOps    int
+	pickRounds int
 }
 
 func main() {
@@ -141,7 +146,7 @@ func usage(w io.Writer, fs *flag.FlagSet) {
 // parse reads the command line; -short changes the defaults of every
 // flag not given explicitly.
 func parse(args []string, stderr io.Writer) (string, *config, error) {
-	c := &config{regConc: intList{1, 32}, propSubs: intList{1, 100, 1000}}
+	c := &config{regConc: intList{1, 32}, propSubs: intList{1, 100, 1000}, pickN: intList{3, 10, 100}}
 	fs := flag.NewFlagSet("regbench", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.BoolVar(&c.short, "short", false, "a short form of every scenario (what make bench runs)")
@@ -181,6 +186,10 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 
 	fs.IntVar(&c.resyncN, "resync-instances", 100000, "resync: instances in etcd")
 	fs.IntVar(&c.resyncRepeats, "resync-repeats", 3, "resync: repeats of each measure")
+
+	fs.Var(&c.pickN, "pick-endpoints", "pick: numbers of ready endpoints N")
+	fs.IntVar(&c.pickOps, "pick-ops", 1000000, "pick: picks per measure")
+	fs.IntVar(&c.pickRounds, "pick-rounds", 5, "pick: alternating rounds (each side measured once per round)")
 
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -224,6 +233,9 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 			"resync-repeats":    "3",
 			"propagate-rate":    "50",
 			"failover-backends": "3",
+			"pick-endpoints":    "3,20",
+			"pick-ops":          "300000",
+			"pick-rounds":       "3",
 		}
 		for k, v := range short {
 			if !set[k] {
