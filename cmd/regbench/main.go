@@ -109,7 +109,7 @@ type config struct {
 	compWait  time.Duration
 
 	foBackends, foTrials, foConns, foRPS int
-	foProbe                              time.Duration
+	foProbe, foWork, foReroute           time.Duration
 
 	fanSubs int
 	fanRate float64
@@ -176,9 +176,11 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 
 	fs.IntVar(&c.foBackends, "failover-backends", 3, "failover: gRPC backends")
 	fs.IntVar(&c.foTrials, "failover-trials", 5, "failover: kills (one backend each, restarted after)")
-	fs.IntVar(&c.foConns, "failover-conns", 4, "failover: subscribers (grpc ClientConns, each its own SDK client)")
-	fs.IntVar(&c.foRPS, "failover-rps", 50, "failover: requests per second per ClientConn")
+	fs.IntVar(&c.foConns, "failover-conns", 4, "failover: subscribers (each its own SDK client and etcd client, and one channel per side)")
+	fs.IntVar(&c.foRPS, "failover-rps", 50, "failover: calls per second per channel (three channels per subscriber: ours, round_robin over our resolver, over etcd's naming resolver)")
 	fs.DurationVar(&c.foProbe, "probe-interval", 100*time.Millisecond, "failover: regnode probe interval")
+	fs.DurationVar(&c.foWork, "failover-work", 50*time.Millisecond, "failover: backend time per call (so that calls are in flight at a kill)")
+	fs.DurationVar(&c.foReroute, "failover-reroute-wait", 15*time.Second, "failover: bound on the wait for every channel to call a restarted backend again")
 
 	fs.IntVar(&c.fanSubs, "fanout-subs", 10000, "fanout: subscribers on one regnode")
 	fs.Float64Var(&c.fanRate, "fanout-rate", 20, "fanout: changes per second during the CPU phase")

@@ -58,7 +58,7 @@ func runPick(ctx context.Context, e *env) (*Result, error) {
 		}
 	})
 	for i := range backends {
-		if backends[i], err = startBackend("127.0.0.1:0"); err != nil {
+		if backends[i], err = startBackend("127.0.0.1:0", 0); err != nil {
 			return r, err
 		}
 	}
