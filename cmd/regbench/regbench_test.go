@@ -61,7 +61,7 @@ var fields = map[string][]field{
 		{"baseline/rr_registry/B=2/success_ratio", true},
 		{"baseline/rr_etcd_naming/B=2/calls", true}, {"baseline/rr_etcd_naming/B=2/failed_calls", false},
 		{"baseline/rr_etcd_naming/B=2/success_ratio", true},
-		{"ours/B=2/removal_ms/n", true},
+		{"ours/B=2/removal_ms/n", true}, {"ours/B=2/retries", false}, {"ours/B=2/retry_budget_exhausted", false},
 	},
 }
 

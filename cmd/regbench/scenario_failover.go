@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
+	"github.com/regcluster/registry/balance"
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/health"
 	"github.com/regcluster/registry/node"
@@ -316,6 +317,7 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 	pol.Idempotent = []string{"/grpc.health.v1.Health/Check"}
 	sides := []*foSide{{name: foOurs}, {name: foRRReg}, {name: foRRNaming}}
 	taps := make([]*resolverTap, cfg.foConns)
+	var sdks []*client.Client
 	rr := `{"loadBalancingConfig":[{"round_robin":{}}]}`
 	for k := range cfg.foConns {
 		var (
@@ -329,6 +331,7 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 			return r, err
 		}
 		e.onClose(func() { c.Close() })
+		sdks = append(sdks, c)
 		if ec, err = etcdClient(sideClient, etcd.URL, nil); err != nil {
 			return r, err
 		}
@@ -617,6 +620,20 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 		rec(s.name, "reroute_after_restart_ms", summarize(reroute[s.name]))
 		rec(s.name, "not_rerouted", notRerouted[s.name])
 	}
+	// What our balancer and interceptor did (only ours's channels use
+	// them; round_robin ignores the metrics the resolver hands it).
+	var mc balance.Counts
+	for _, c := range sdks {
+		x := c.Metrics().Counts()
+		mc.Retries += x.Retries
+		mc.BudgetExhausted += x.BudgetExhausted
+		mc.Ejections += x.Ejections
+		mc.NoInstance += x.NoInstance
+	}
+	r.ours(cs, "retries", mc.Retries)
+	r.ours(cs, "retry_budget_exhausted", mc.BudgetExhausted)
+	r.ours(cs, "ejections", mc.Ejections)
+	r.ours(cs, "no_instance_picks", mc.NoInstance)
 	r.ours(cs, "last_subscriber_ms", summarize(lastSub))
 	r.ours(cs, "removal_ms", summarize(removal))
 	r.ours(cs, "regnode_degraded_ms", summarize(degraded))
@@ -628,7 +645,8 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 	r.base(base, cs, "regnode_unavailable_ms", tl)
 	th3 := ms(cfg.foProbe * time.Duration(th.FailuresToDegraded))
 	r.base(base, cs, "regnode_degraded_ms", Lat{P50: th3, P99: th3, Max: th3, N: 1})
-	r.skipRatio("failed_calls", "calls", "missed_removals", "last_hit_ms", "not_rerouted")
+	r.skipRatio("failed_calls", "calls", "missed_removals", "last_hit_ms", "not_rerouted",
+		"retries", "retry_budget_exhausted", "ejections", "no_instance_picks")
 
 	ot := tallies[foOurs]
 	r.target("ours (retries, the load's method idempotent): failed calls across the kills", "0",
@@ -649,6 +667,7 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 	r.note("removal: kill → the first address list without the backend that the registry resolver hands each grpc ClientConn (a tap between the resolver and the rr_registry channel); last_subscriber is the slowest of the %d subscribers in each trial", cfg.foConns)
 	r.note("regnode_degraded/unavailable: kill → the state in the regnode's own cache, i.e. the prober's detection; removal − unavailable is propagation to subscribers")
 	r.note("last_hit: kill → end of the last call the killed backend answered")
+	r.note("retries, retry_budget_exhausted, ejections, no_instance_picks: the counts of the SDK clients' balance.Metrics over the whole run (ours's channels only)")
 	r.note("theoretical: the first failed probe comes within one interval of the kill and the (N+M)th %d intervals after it, so detection falls in %s..%s; %s is that upper bound, before any write or propagation", th.FailuresToDegraded+th.FailuresToUnavailable-1, theory-cfg.foProbe, theory, theory)
 	return r, nil
 }
