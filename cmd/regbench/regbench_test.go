@@ -49,7 +49,8 @@ type field struct {
 var fields = map[string][]field{
 	"pick": {
 		{"ours/N=2/ns_per_op", true}, {"ours/N=2/allocs_per_op", false}, {"ours/N=2/bytes_per_op", false},
-		{"ours/N=2/wrr_ns_per_op", true}, {"ours/N=2/wrr_allocs_per_op", false},
+		{"ours/N=2/parallel_ns_per_op", true}, {"baseline/round_robin/N=2/parallel_ns_per_op", true},
+		{"ours/N=2/wrr_ns_per_op", true}, {"ours/N=2/wrr_parallel_ns_per_op", true}, {"ours/N=2/wrr_allocs_per_op", false},
 		{"ours/N=2/p2c_in_retry_interceptor_ns_per_op", true}, {"ours/N=2/p2c_in_retry_interceptor_allocs_per_op", false},
 		{"baseline/round_robin/N=2/ns_per_op", true}, {"baseline/round_robin/N=2/allocs_per_op", false},
 		{"baseline/round_robin/N=2/bytes_per_op", false},

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -151,12 +153,18 @@ func runPick(ctx context.Context, e *env) (*Result, error) {
 
 		type sample struct{ ns, allocs, bytes []float64 }
 		samples := map[string]*sample{}
-		order := []string{balance.Name + "_p2c", roundrobin.Name, balance.Name + "_wrr", "interceptor"}
+		// Each measure once per round: the sides on one goroutine, then
+		// on GOMAXPROCS goroutines at once (what a lock or a shared
+		// counter costs under contention); the interceptor on one.
+		par := runtime.GOMAXPROCS(0)
+		order := []string{balance.Name + "_p2c", roundrobin.Name, balance.Name + "_wrr", "interceptor",
+			balance.Name + "_p2c/par", roundrobin.Name + "/par", balance.Name + "_wrr/par"}
 		for round := range cfg.pickRounds {
 			for k := range order {
 				// Rotate the order each round so no side always runs first.
-				name := order[(k+round)%len(order)]
-				e.progress.set("%s: round %d/%d, %s", cs, round+1, cfg.pickRounds, name)
+				key := order[(k+round)%len(order)]
+				name, parallel := strings.CutSuffix(key, "/par")
+				e.progress.set("%s: round %d/%d, %s", cs, round+1, cfg.pickRounds, key)
 				if ctx.Err() != nil {
 					return r, ctx.Err()
 				}
@@ -168,11 +176,15 @@ func runPick(ctx context.Context, e *env) (*Result, error) {
 				if name == "interceptor" {
 					f = pickIntercepted(ctx, p, p2cCC)
 				}
-				ns, allocs, bytes := measure(cfg.pickOps, f)
-				s := samples[name]
+				g := 1
+				if parallel {
+					g = par
+				}
+				ns, allocs, bytes := measure(cfg.pickOps, g, f)
+				s := samples[key]
 				if s == nil {
 					s = &sample{}
-					samples[name] = s
+					samples[key] = s
 				}
 				s.ns, s.allocs, s.bytes = append(s.ns, ns), append(s.allocs, allocs), append(s.bytes, bytes)
 			}
@@ -183,12 +195,17 @@ func runPick(ctx context.Context, e *env) (*Result, error) {
 			rec(prefix+"bytes_per_op", round3(median(s.bytes)))
 		}
 		ours := func(m string, v any) { r.ours(cs, m, v) }
+		rr := func(m string, v any) { r.base(base, cs, m, v) }
 		put(ours, "", samples[balance.Name+"_p2c"])
+		put(rr, "", samples[roundrobin.Name])
+		ours("parallel_ns_per_op", round3(median(samples[balance.Name+"_p2c/par"].ns)))
+		rr("parallel_ns_per_op", round3(median(samples[roundrobin.Name+"/par"].ns)))
 		put(ours, "wrr_", samples[balance.Name+"_wrr"])
+		ours("wrr_parallel_ns_per_op", round3(median(samples[balance.Name+"_wrr/par"].ns)))
 		put(ours, "p2c_in_retry_interceptor_", samples["interceptor"])
-		put(func(m string, v any) { r.base(base, cs, m, v) }, "", samples[roundrobin.Name])
 	}
 	r.note("each figure is the median over %d rounds of %d picks; one pick is Picker.Pick(PickInfo{method, ctx}) then PickResult.Done(DoneInfo{}) if set, on the picker the balancer last gave its channel (state READY), called in a loop on one goroutine without any RPC", cfg.pickRounds, cfg.pickOps)
+	r.note("parallel_ns_per_op: wall time per pick with %d goroutines picking at once on the same picker (GOMAXPROCS; ops split between them): below ns_per_op when picks scale over the cores, above it when they contend", runtime.GOMAXPROCS(0))
 	r.note("allocs and bytes per op come from runtime.MemStats (Mallocs, TotalAlloc) around the loop, so they count the whole process: the instances are registered without health checks to keep the prober quiet, and what else runs (lease renewals, grpc keepalives) shows as a fraction of an alloc")
 	r.note("ours: registry_weighted with the default policy (P2C), its WRR option, and P2C called inside balance.UnaryClientInterceptor (the invoker does the pick and Done: the interceptor's per-call record and retry-budget deposit on top of the pick); slow start is on (instances just registered), which changes weights, not the work of a pick")
 	r.note("round_robin: grpc-go's, over the same resolver and endpoints (endpointsharding with pickfirst children, like ours)")
@@ -251,16 +268,29 @@ func pickIntercepted(ctx context.Context, p balancer.Picker, cc *grpc.ClientConn
 	}
 }
 
-// measure runs f ops times and returns the time, allocations and bytes
-// allocated per call (process-wide counts, see the note).
-func measure(ops int, f func()) (nsPerOp, allocsPerOp, bytesPerOp float64) {
+// measure runs f ops times, split over g goroutines at once, and returns
+// the wall time, allocations and bytes allocated per call (process-wide
+// counts, see the note).
+func measure(ops, g int, f func()) (nsPerOp, allocsPerOp, bytesPerOp float64) {
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	start := time.Now()
-	for range ops {
-		f()
+	var wg sync.WaitGroup
+	for j := range g {
+		n := ops / g
+		if j < ops%g {
+			n++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range n {
+				f()
+			}
+		}()
 	}
+	wg.Wait()
 	d := time.Since(start)
 	runtime.ReadMemStats(&m1)
 	n := float64(ops)
