@@ -3,7 +3,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN := $(shell go env GOPATH)/bin
 
-.PHONY: all build run test vet proto bench tools clean-data
+.PHONY: all build run test vet proto bench fuzz tools clean-data
 
 all: build
 
@@ -26,6 +26,16 @@ bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./server/
 	go run ./cmd/regbench all -short -json > bench.json
 	go test -run '^$$' -bench . -benchtime 3x -count 1 ./prober/
+
+## fuzz: each fuzz target (record's decoder and validators) for FUZZTIME, one after
+## the other; a crasher lands in record/testdata/fuzz/<Target>/: commit it as a seed
+FUZZTIME ?= 20s
+FUZZ_TARGETS := FuzzDecode FuzzValidate FuzzValidAddress FuzzUnmarshal
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "== $$t"; \
+		go test ./record/ -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
 
 tools:
 	@command -v protoc >/dev/null || (apt-get update && apt-get install -y protobuf-compiler)

@@ -330,14 +330,17 @@ func TestCopyOnWritePerService(t *testing.T) {
 
 	// A put identical to the current record changes nothing: no copy.
 	s2 := c.Snapshot()
-	cur, _ := c.Get("a", "2")
+	cur, ok := c.Get("a", "2")
+	if !ok {
+		t.Fatal("a/2 not cached")
+	}
 	if _, err := c.Apply(Batch{Revision: 7, Events: []Event{put(proto.CloneOf(cur))}}); err != nil {
 		t.Fatal(err)
 	}
 	if !sameArray(c.Instances("a"), s2.Instances("a")) || !sameArray(c.Instances("b"), oldB) {
 		t.Errorf("an identical put copied a service")
 	}
-	if got, _ := c.Get("a", "2"); got != cur {
+	if got, ok := c.Get("a", "2"); !ok || got != cur {
 		t.Errorf("an identical put replaced the cached record")
 	}
 

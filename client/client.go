@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
+	"github.com/regcluster/registry/balance"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -41,7 +42,24 @@ type Config struct {
 	// robin over Endpoints that steers a resuming subscription off a
 	// stalled regnode, keepalive pings) and win over them.
 	DialOptions []grpc.DialOption
+
+	// Policy is the balancing and retry policy of the channels to every
+	// service not in Policies (nil: DefaultPolicy()).
+	Policy *Policy
+	// Policies are the policies of named services.
+	Policies map[string]Policy
+	// Zone is the caller's zone: channels prefer instances of this zone
+	// while it has enough healthy capacity, and spill over to the others
+	// otherwise (see package balance). "" routes without regard to zones.
+	Zone string
 }
+
+// Policy is the balancing and retry policy of the channels to one
+// service; see package balance for each field and its default.
+type Policy = balance.Policy
+
+// DefaultPolicy returns the policy used when Config names none.
+func DefaultPolicy() Policy { return balance.DefaultPolicy() }
 
 // Client is a connection to the regnodes of one registry. It is safe for
 // concurrent use; Close it when done.
@@ -51,6 +69,11 @@ type Client struct {
 	log    *slog.Logger
 	ctx    context.Context // ends on Close: the lifetime of shared subscriptions
 	cancel context.CancelFunc
+
+	policy   Policy
+	policies map[string]Policy
+	metrics  *balance.Metrics
+	zone     string
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -72,6 +95,23 @@ var schemeSeq atomic.Int64
 // New returns a Client of cfg.Endpoints. It does not wait for a regnode to
 // be reachable: calls fail (or wait, with grpc.WaitForReady) until one is.
 func New(cfg Config) (*Client, error) {
+	policy := DefaultPolicy()
+	if cfg.Policy != nil {
+		policy = *cfg.Policy
+	}
+	if err := policy.Validate(); err != nil {
+		return nil, fmt.Errorf("Config.Policy: %w", err)
+	}
+	policies := make(map[string]Policy, len(cfg.Policies))
+	for svc, p := range cfg.Policies {
+		if err := record.ValidService(svc); err != nil {
+			return nil, fmt.Errorf("Config.Policies: %w", err)
+		}
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("Config.Policies[%q]: %w", svc, err)
+		}
+		policies[svc] = p
+	}
 	eps := cfg.Endpoints
 	if len(eps) == 0 {
 		eps = []string{DefaultEndpoint}
@@ -104,8 +144,46 @@ func New(cfg Config) (*Client, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
+		policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
 		shared: map[string]*shared{}}, nil
 }
+
+// DialOptions are the options of a channel to a registered service:
+//
+//	cc, err := grpc.NewClient("registry:///orders", c.DialOptions()...)
+//
+// They give this Client's resolver, package balance's policy (the
+// resolver also pushes it in the service config, with the service's
+// Policy), its retry interceptors for unary calls and stream starts, and
+// insecure transport credentials, which an option given after them
+// replaces (grpc.WithTransportCredentials).
+func (c *Client) DialOptions() []grpc.DialOption {
+	sc, err := balance.ServiceConfig(c.policy)
+	if err != nil { // validated in New
+		panic(fmt.Sprintf("client: default policy: %v", err))
+	}
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithResolvers(c.ResolverBuilder()),
+		grpc.WithDefaultServiceConfig(sc),
+		grpc.WithChainUnaryInterceptor(balance.UnaryClientInterceptor()),
+		grpc.WithChainStreamInterceptor(balance.StreamClientInterceptor()),
+	}
+}
+
+// policyFor returns the policy of service.
+func (c *Client) policyFor(service string) Policy {
+	if p, ok := c.policies[service]; ok {
+		return p
+	}
+	return c.policy
+}
+
+// Metrics are the counts of every channel built with this Client's
+// resolver: picks and weights by instance, ejections, panic mode,
+// retries, budget exhaustion. It is a prometheus.Collector: register it
+// with the application's registry to export them (registry_client_*).
+func (c *Client) Metrics() *balance.Metrics { return c.metrics }
 
 // API is the raw registry.v1 client, for calls the SDK does not wrap.
 func (c *Client) API() registryv1.RegistryClient { return c.api }
@@ -134,8 +212,10 @@ func (c *Client) Close() error {
 
 // FromStatus turns a regnode error into one that wraps the sentinel a
 // caller branches on (record.ErrInvalid, record.ErrNotFound,
-// record.ErrAlreadyExists), keeping the message. A lost lease is not an
-// error of the API: KeepAlive answers it with lost=true.
+// record.ErrAlreadyExists), keeping the message. An InvalidArgument that
+// names its field (errdetails.BadRequest) also matches *record.FieldError
+// with errors.As, as the regnode's own validation failure did. A lost
+// lease is not an error of the API: KeepAlive answers it with lost=true.
 func FromStatus(err error) error {
 	if err == nil {
 		return nil
@@ -156,12 +236,13 @@ func FromStatus(err error) error {
 	if sentinel == nil {
 		return err
 	}
-	return &statusError{sentinel: sentinel, err: err}
+	return &statusError{sentinel: sentinel, err: err, field: fieldError(st)}
 }
 
 type statusError struct {
 	sentinel error
 	err      error
+	field    *record.FieldError // InvalidArgument naming its field, or nil
 }
 
 func (e *statusError) Error() string { return e.err.Error() }

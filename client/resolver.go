@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
-	"google.golang.org/grpc/attributes"
 	"google.golang.org/grpc/resolver"
 
 	"github.com/regcluster/registry/cache"
@@ -97,18 +96,21 @@ func (b *builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.Bu
 		}
 		if !ch.Progress {
 			snap := sub.Snapshot() // the state this change made: only this goroutine applies
-			r.offer(view{epoch: r.epoch, rev: snap.Revision(), addrs: r.addresses(snap)})
+			r.offer(r.view(r.epoch, snap, true))
 		}
 	})
 	select {
 	case <-sub.Ready():
 		// Read after listening, so no change falls between; if a change
 		// beat this read, offer keeps the newer of the two.
-		snap := sub.Snapshot()
-		r.offer(view{rev: snap.Revision(), addrs: r.addresses(snap)})
-		r.push() // at once, before the pusher starts: a rebuilt resolver is served without a wait
-	default: // the first snapshot's listener call will offer it
+		r.offer(r.view(0, sub.Snapshot(), true))
+	default:
+		// No view yet: say so (an unknown list, not an empty one), so
+		// calls fail fast with why instead of hanging; the first
+		// snapshot's listener call offers a newer view.
+		r.offer(r.view(0, nil, false))
 	}
+	r.push() // at once, before the pusher starts: a rebuilt resolver is served without a wait
 	go r.run(ctx)
 	return r, nil
 }
@@ -138,34 +140,30 @@ type regResolver struct {
 	pushed *view // the last view pushed; only the pushing goroutine touches it
 }
 
-// view is the routable addresses of the subscription at one revision.
+// view is the resolver state of the subscription at one revision.
 // Epoch counts NewEpoch resets: a view of a later epoch is newer whatever
 // its revision.
 type view struct {
 	epoch int
 	rev   int64
-	addrs []resolver.Address
+	state resolver.State
 }
 
 func (v *view) newerThan(o *view) bool {
 	return o == nil || v.epoch > o.epoch || (v.epoch == o.epoch && v.rev > o.rev)
 }
 
-// addresses are the routable instances of snap.
-func (r *regResolver) addresses(snap *cache.Snapshot) []resolver.Address {
-	insts := snap.Instances(r.service)
-	addrs := make([]resolver.Address, 0, len(insts))
-	for _, in := range insts {
-		if !record.Routable(in) {
-			continue
-		}
-		attrs := attributes.New(AttrWeight, record.EffectiveWeight(in)).
-			WithValue(AttrZone, in.Zone).
-			WithValue(AttrHealth, in.GetHealth().GetState()).
-			WithValue(AttrID, in.Id)
-		addrs = append(addrs, resolver.Address{Addr: in.Address, BalancerAttributes: attrs})
+// view builds the state grpc gets for snap (nil and known false before
+// the first snapshot), tagged with its revision (StateRevision).
+func (r *regResolver) view(epoch int, snap *cache.Snapshot, known bool) view {
+	var insts []*registryv1.Instance
+	var rev int64
+	if snap != nil {
+		insts, rev = snap.Instances(r.service), snap.Revision()
 	}
-	return addrs
+	st := resolverState(r.sub.c, r.service, insts, known, r.cc)
+	st.Attributes = st.Attributes.WithValue(AttrRevision, rev)
+	return view{epoch: epoch, rev: rev, state: st}
 }
 
 // offer keeps v for the pusher unless a newer view is already waiting.
@@ -193,7 +191,7 @@ func (r *regResolver) push() {
 		return
 	}
 	r.pushed = v
-	_ = r.cc.UpdateState(resolver.State{Addresses: v.addrs, Attributes: attributes.New(AttrRevision, v.rev)})
+	_ = r.cc.UpdateState(v.state)
 }
 
 // run owns UpdateState until Close.

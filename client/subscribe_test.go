@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,7 +33,11 @@ func newClient(t testing.TB, addrs ...string) *client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close client: %v", err)
+		}
+	})
 	return c
 }
 
@@ -156,12 +161,12 @@ func TestCutOffThroughCompactionConverges(t *testing.T) {
 	if f := sub.Freshness(); f.Known {
 		t.Fatal("known before the first snapshot")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := sub.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	waitFor(t, time.Minute, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
 
 	subLink.Cut()
 	etcdLink.Cut()
@@ -170,9 +175,10 @@ func TestCutOffThroughCompactionConverges(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := sub.Revision()
+	healed := time.Now()
 	etcdLink.Heal()
 	subLink.Heal()
-	waitFor(t, 20*time.Second, "convergence after compaction", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	waitFor(t, time.Minute, "convergence after compaction", func() bool { return equalsEtcd(t, direct, sub, "orders") })
 	rec.assertMonotonic(t)
 	if sub.Revision() <= before {
 		t.Fatalf("revision %d did not move past %d", sub.Revision(), before)
@@ -182,7 +188,8 @@ func TestCutOffThroughCompactionConverges(t *testing.T) {
 		t.Fatalf("stats %+v: want a reset and no stale batch", st)
 	}
 	f := sub.Freshness()
-	if !f.Known || f.Revision != sub.Revision() || time.Since(f.ConfirmedAt) > 10*time.Second || !f.Connected {
+	// Confirmed by what came after the heal: an order, not an age.
+	if !f.Known || f.Revision != sub.Revision() || f.ConfirmedAt.Before(healed) || !f.Connected {
 		t.Fatalf("freshness %+v", f)
 	}
 	if n := testutil.ToFloat64(rn.Node.Metrics().WatchRestarts.WithLabelValues("relist")); n < 1 {
@@ -205,7 +212,7 @@ func TestRingReplayAndReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	waitFor(t, 10*time.Second, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	waitFor(t, time.Minute, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
 	resets := func(reason string) float64 {
 		return testutil.ToFloat64(rn.Node.Metrics().ResetsSent.WithLabelValues(reason))
 	}
@@ -213,7 +220,7 @@ func TestRingReplayAndReset(t *testing.T) {
 	link.Cut()
 	churn(t, direct, "orders", 20, 4) // fits in the ring of 50
 	link.Heal()
-	waitFor(t, 10*time.Second, "ring replay", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	waitFor(t, time.Minute, "ring replay", func() bool { return equalsEtcd(t, direct, sub, "orders") })
 	if sub.Stats().Resets != 0 || resets("ring") != 0 {
 		t.Fatalf("a replay within the ring caused a reset (subscriber %d, regnode %v)", sub.Stats().Resets, resets("ring"))
 	}
@@ -224,7 +231,7 @@ func TestRingReplayAndReset(t *testing.T) {
 	link.Cut()
 	churn(t, direct, "orders", 200, 5) // overflows the ring
 	link.Heal()
-	waitFor(t, 10*time.Second, "reset", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	waitFor(t, time.Minute, "reset", func() bool { return equalsEtcd(t, direct, sub, "orders") })
 	if sub.Stats().Resets != 1 || resets("ring") != 1 {
 		t.Fatalf("resets: subscriber %d, regnode %v; want 1 each", sub.Stats().Resets, resets("ring"))
 	}
@@ -250,27 +257,34 @@ func TestMoveToLaggingRegnode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	waitFor(t, 10*time.Second, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	waitFor(t, time.Minute, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
 
 	bLink.Pause() // B stops hearing from etcd
+	// Released before B is closed even if the test fails first: a regnode
+	// whose etcd link is paused does not finish closing.
+	defer bLink.Resume()
 	last := churn(t, direct, "orders", 50, 7)
-	waitFor(t, 10*time.Second, "A's view", func() bool { return sub.Revision() >= last })
+	waitFor(t, time.Minute, "A's view", func() bool { return sub.Revision() >= last })
 	if b.Node.Hub().Revision() >= last {
 		t.Fatal("B did not lag")
 	}
 	// Move: A goes away, B comes into reach; B is behind the subscriber.
 	toA.Cut()
 	toB.Heal()
-	time.Sleep(500 * time.Millisecond) // the subscriber is now waiting on B
-	if sub.Revision() < last {
-		t.Fatal("rewound while B lagged")
-	}
+	// B holds a resume request from ahead of it until it catches up, and
+	// past its catch-up timeout answers Unavailable "behind": that answer
+	// shows the subscriber reached B and was held back, not served B's
+	// older view (which its cache would have refused as stale).
+	waitFor(t, time.Minute, "B to hold the subscriber back as ahead of it", func() bool {
+		err := sub.LastError()
+		return err != nil && strings.Contains(err.Error(), "behind the requested revision")
+	})
 	bLink.Resume()
 	last = churn(t, direct, "orders", 30, 8)
-	waitFor(t, 15*time.Second, "B's view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	waitFor(t, time.Minute, "B's view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
 	rec.assertMonotonic(t)
-	if sub.Stats().Resets != 0 {
-		t.Fatalf("moving to B cost %d resets, want a replay", sub.Stats().Resets)
+	if st := sub.Stats(); st.Resets != 0 || st.Cache.Stale != 0 {
+		t.Fatalf("moving to B cost %d resets and %d stale batches, want a replay and none", st.Resets, st.Cache.Stale)
 	}
 	if b.Node.Hub().Subscribers() != 1 {
 		t.Fatalf("B serves %d subscribers, want 1", b.Node.Hub().Subscribers())
@@ -279,30 +293,26 @@ func TestMoveToLaggingRegnode(t *testing.T) {
 
 // A subscriber too slow to read is reset, and then correct; a fast one on
 // the same regnode is never reset and sees every transaction.
+//
+// Both sides are bounded by counts, not by the machine's speed: the
+// writer never lets the fast subscriber fall more than fastLag
+// transactions behind (it waits for it to apply them), well inside the
+// regnode's queue of 64, while the slow one reads nothing at all, so its
+// queue overflows after 64 transactions plus what the fixed flow-control
+// windows hold, far fewer than the 300 written.
 func TestSlowSubscriberIsResetFastOneUnaffected(t *testing.T) {
+	const queue, fastLag, writes = 64, 16, 300
 	m := etcdtest.Start(t, false)
 	direct := m.Client(t)
-	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, QueueSize: 64}, m.ClientURL)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, QueueSize: queue}, m.ClientURL)
 	fast := newClient(t, rn.Addr)
-	var (
-		mu   sync.Mutex
-		lat  []time.Duration
-		sent sync.Map // revision -> time written
-	)
 	frec := &recorder{}
-	fsub, err := fast.Subscribe(context.Background(), "orders", client.SubscribeOptions{OnChange: func(ch client.Change) {
-		frec.on(ch)
-		if v, ok := sent.Load(ch.Revision); ok && !ch.Progress {
-			mu.Lock()
-			lat = append(lat, time.Since(v.(time.Time)))
-			mu.Unlock()
-		}
-	}})
+	fsub, err := fast.Subscribe(context.Background(), "orders", client.SubscribeOptions{OnChange: frec.on})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fsub.Close()
-	waitFor(t, 10*time.Second, "fast ready", func() bool { return fsub.Freshness().Known })
+	waitFor(t, time.Minute, "fast ready", func() bool { return fsub.Freshness().Known })
 
 	// The slow subscriber: a raw stream that is not read while the
 	// registry churns, so gRPC flow control backs up into its queue.
@@ -329,19 +339,23 @@ func TestSlowSubscriberIsResetFastOneUnaffected(t *testing.T) {
 		big[fmt.Sprint("k", i)] = fmt.Sprintf("%0350d", i) // ~14 KiB per record (limit 16): windows fill fast
 	}
 	var last int64
-	for i := range 300 {
-		b, _ := record.Encode(&registryv1.Instance{Service: "orders", Id: fmt.Sprint("i-", i%20), Address: "10.0.0.1:80", Weight: 100,
+	for i := range writes {
+		b, err := record.Encode(&registryv1.Instance{Service: "orders", Id: fmt.Sprint("i-", i%20), Address: "10.0.0.1:80", Weight: 100,
 			Version: fmt.Sprint(i), Metadata: big, Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING})
-		t0 := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
 		r, err := direct.Put(context.Background(), keys.Instance("orders", fmt.Sprint("i-", i%20)), string(b))
 		if err != nil {
 			t.Fatal(err)
 		}
-		sent.Store(r.Header.Revision, t0)
 		last = r.Header.Revision
+		if (i+1)%fastLag == 0 {
+			waitFor(t, time.Minute, "the fast subscriber to keep up", func() bool { return fsub.Revision() >= last })
+		}
 	}
-	waitFor(t, 10*time.Second, "fast subscriber", func() bool { return fsub.Revision() >= last })
-	waitFor(t, 10*time.Second, "the slow reset", func() bool {
+	waitFor(t, time.Minute, "fast subscriber", func() bool { return fsub.Revision() >= last })
+	waitFor(t, time.Minute, "the slow reset", func() bool {
 		return testutil.ToFloat64(rn.Node.Metrics().ResetsSent.WithLabelValues("slow-subscriber")) >= 1
 	})
 	// Now read the slow stream: it must come to a reset snapshot and end
@@ -377,7 +391,10 @@ func TestSlowSubscriberIsResetFastOneUnaffected(t *testing.T) {
 			}
 		}
 	}
-	resp, _ := direct.Get(context.Background(), keys.Service("orders"), clientv3.WithPrefix())
+	resp, err := direct.Get(context.Background(), keys.Service("orders"), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(view) != len(resp.Kvs) {
 		t.Fatalf("slow view has %d instances, etcd %d", len(view), len(resp.Kvs))
 	}
@@ -393,17 +410,9 @@ func TestSlowSubscriberIsResetFastOneUnaffected(t *testing.T) {
 	frec.mu.Lock()
 	diffs := frec.diffs
 	frec.mu.Unlock()
-	if diffs != 300 {
-		t.Fatalf("the fast subscriber saw %d transactions, want all 300", diffs)
+	if diffs != writes {
+		t.Fatalf("the fast subscriber saw %d transactions, want all %d", diffs, writes)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	var sum, worst time.Duration
-	for _, l := range lat {
-		sum += l
-		worst = max(worst, l)
-	}
-	t.Logf("fast subscriber: %d changes, mean latency %s, max %s, while the slow one was reset", len(lat), sum/time.Duration(max(1, len(lat))), worst)
 	frec.assertMonotonic(t)
 }
 
@@ -414,7 +423,7 @@ func TestEmptyIsNotUnknown(t *testing.T) {
 	c := newClient(t, rn.Addr)
 	// The regnode's prober election writes once; let it, so that nothing
 	// writes to etcd while the idle view is watched.
-	waitFor(t, 10*time.Second, "the prober election", func() bool {
+	waitFor(t, time.Minute, "the prober election", func() bool {
 		st, err := c.API().Status(context.Background(), &registryv1.StatusRequest{})
 		return err == nil && st.Leader != ""
 	})
@@ -428,7 +437,7 @@ func TestEmptyIsNotUnknown(t *testing.T) {
 		if !ch.Snapshot || len(ch.Instances) != 0 {
 			t.Fatalf("first change %+v", ch)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("no first snapshot")
 	}
 	first := sub.Freshness()
@@ -437,7 +446,7 @@ func TestEmptyIsNotUnknown(t *testing.T) {
 	}
 	// Nothing changes, yet the view keeps being confirmed: a quiet list,
 	// not a stale one.
-	waitFor(t, 10*time.Second, "a heartbeat confirming the idle view", func() bool {
+	waitFor(t, time.Minute, "a heartbeat confirming the idle view", func() bool {
 		return sub.Freshness().ConfirmedAt.After(first.ConfirmedAt)
 	})
 	if f := sub.Freshness(); f.Revision != first.Revision {

@@ -17,6 +17,7 @@ import (
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/election"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/record"
 )
 
 var regnodeBin string
@@ -184,6 +185,44 @@ func (e *env) finish(extraOpen ...string) Report {
 	return rep
 }
 
+// waitUntil waits for cond, failing the test after a minute: scenarios
+// wait on what they need to have happened, not for a time in which it
+// usually does.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// instanceEventsAfter counts the events after rev that a regnode's watch
+// delivers (puts of valid records, and deletes; not junk), and reports
+// whether one of them deletes a key of among.
+func (e *env) instanceEventsAfter(rev int64, among map[string]ViewInst) (puts, deletes int, deleted bool) {
+	keys := record.NewKeys("")
+	events, _ := e.h.Events()
+	for _, ev := range events {
+		if ev.Rev <= rev {
+			continue
+		}
+		if _, _, ok := keys.Parse(ev.Key); !ok {
+			continue
+		}
+		if ev.Delete {
+			deletes++
+			_, shown := among[ev.Key]
+			deleted = deleted || shown
+		} else if _, err := keys.Decode(ev.Key, ev.Value, ev.Create, ev.Rev); err == nil {
+			puts++
+		}
+	}
+	return puts, deletes, deleted
+}
+
 func metric(t *testing.T, nd *Node, name string) int {
 	resp, err := http.Get("http://" + nd.Metrics + "/metrics")
 	if err != nil {
@@ -236,13 +275,19 @@ func TestPauseProberLeader(t *testing.T) {
 	}
 	nd := e.cl.Node(l.Name)
 	e.cl.Pause(nd)
-	time.Sleep(4 * time.Second) // past the 2s session TTL
+	// Paused until its session expired and another regnode leads. How long
+	// that takes is etcd's business: past the 2s TTL, and more if nd's
+	// member led etcd (a new etcd leader extends every lease first).
+	waitUntil(t, "leadership to move off the paused "+l.Name, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // nd's member does not answer
+		defer cancel()
+		next, err := election.CurrentLeader(ctx, e.cl.Etcd, "")
+		return err == nil && next.Rev != l.Rev
+	})
 	e.cl.Resume(nd)
-	time.Sleep(3 * time.Second)
-	next, err := election.CurrentLeader(context.Background(), e.cl.Etcd, "")
-	if err != nil || next.Rev == l.Rev {
-		t.Fatalf("leadership did not move off the paused %s: %+v %v", l.Name, next, err)
-	}
+	// Thawed, it runs on as if still leading until it learns otherwise;
+	// its writes in between are what the fence must refuse.
+	waitUntil(t, l.Name+" to learn it no longer leads", func() bool { return metric(t, nd, "registry_prober_leader") == 0 })
 	rep := e.finish()
 	if rep.HealthWrites == 0 {
 		t.Error("no health writes to check")
@@ -300,38 +345,59 @@ func TestPartitionInstance(t *testing.T) {
 
 // A subscriber cut off while the registry churns past every regnode's
 // ring and etcd compacts: it comes back through a reset and converges.
+// The churn is counted, not timed: more events than the ring holds, one
+// of them deleting an instance the subscriber showed (what a cache that
+// loses deletes on reset would keep).
 func TestCompactWhileSubscriberCut(t *testing.T) {
-	e := setup(t, options{every: 50 * time.Millisecond, nodeEnv: []string{"REGNODE_WATCH_RING_SIZE=20"}})
+	const ring = 20
+	e := setup(t, options{every: 50 * time.Millisecond, nodeEnv: []string{fmt.Sprint("REGNODE_WATCH_RING_SIZE=", ring)}})
+	cut := e.subs[1]
 	for _, p := range e.cut {
 		p.Delay(30 * time.Millisecond) // a slow link first
 	}
-	time.Sleep(2 * time.Second)
+	waitUntil(t, "the cut subscriber to show instances", func() bool {
+		v := cut.Views()
+		return len(v) > 0 && len(v[len(v)-1].Insts) >= 4
+	})
 	for _, p := range e.cut {
 		p.Cut()
 	}
-	time.Sleep(4 * time.Second)
+	waitUntil(t, "the cut subscriber's stream to end", func() bool { return !cut.Sub.Freshness().Connected })
+	from, views := cut.Sub.Revision(), cut.Views()
+	shown := views[len(views)-1].Insts
+	waitUntil(t, "churn past the ring, deleting a shown instance", func() bool {
+		puts, deletes, deleted := e.instanceEventsAfter(from, shown)
+		return puts+deletes > 2*ring && deleted
+	})
 	e.cl.Compact(e.h)
-	time.Sleep(500 * time.Millisecond)
 	for _, p := range e.cut {
 		p.Delay(0)
 		p.Heal()
 	}
-	time.Sleep(2 * time.Second)
+	waitUntil(t, "the cut subscriber to come back through a reset", func() bool { return cut.Sub.Stats().Resets > 0 })
 	e.finish()
-	if e.subs[1].Sub.Stats().Resets == 0 {
-		t.Error("the cut subscriber came back without a reset: the scenario did not exercise one")
-	}
 }
 
-// A subscriber too slow to read (its callback sleeps) on regnodes with a
-// small queue is reset, and every view it showed was still true.
+// A subscriber too slow to read on regnodes with a small queue is reset,
+// and every view it showed was still true. It stops reading altogether
+// while the workload writes more big records than its flow-control
+// windows and queue hold (a count, not a rate: a reader that merely sleeps
+// per change outpaces a workload slowed by a loaded machine), then reads
+// again, slowly.
 func TestSlowSubscriber(t *testing.T) {
+	const puts = 40 // of ~8 KiB each: five times the 64 KiB window, the queue of 4 besides
 	e := setup(t, options{every: 20 * time.Millisecond, slow: 100 * time.Millisecond, big: true, nodeEnv: []string{"REGNODE_WATCH_QUEUE_SIZE=4"}})
-	time.Sleep(8 * time.Second)
+	slow := e.subs[2]
+	waitUntil(t, "the slow subscriber's first view", func() bool { return len(slow.Views()) > 0 })
+	release := slow.Stall(t)
+	_, from := e.h.Events()
+	waitUntil(t, fmt.Sprint(puts, " records written while it does not read"), func() bool {
+		n, _, _ := e.instanceEventsAfter(from, nil)
+		return n >= puts
+	})
+	release()
+	waitUntil(t, "the slow subscriber to be reset", func() bool { return slow.Sub.Stats().Resets > 0 })
 	e.finish()
-	if e.subs[2].Sub.Stats().Resets == 0 {
-		t.Error("the slow subscriber was never reset: the scenario did not exercise it")
-	}
 }
 
 // Operators drain and undrain while the prober writes health transitions

@@ -289,12 +289,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
 	}
-	n.grpc = grpc.NewServer(
+	n.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
 		grpc.KeepaliveParams(keepaliveServer),
 		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor()),
 		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
-	)
+	}, server.DecodeOptions()...)...)
 	registryv1.RegisterRegistryServer(n.grpc, api)
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)

@@ -33,7 +33,7 @@ func (k Keys) Decode(key string, value []byte, createRev, modRev int64) (*regist
 		return nil, fmt.Errorf("%w: %q holds %d bytes, at most %d", ErrJunk, key, len(value), MaxRecordSize)
 	}
 	inst := &registryv1.Instance{}
-	if err := proto.Unmarshal(value, inst); err != nil {
+	if err := Unmarshal(value, inst, "instance"); err != nil {
 		return nil, fmt.Errorf("%w: %q is not a registry.v1.Instance: %v", ErrJunk, key, err)
 	}
 	if err := Validate(inst); err != nil {

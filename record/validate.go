@@ -1,11 +1,12 @@
 package record
 
 import (
-	"net"
-	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -73,25 +74,6 @@ func ValidID(id string) error {
 	return nil
 }
 
-// ValidAddress reports why address is not host:port with port 1..65535.
-func ValidAddress(address string) error {
-	if address == "" {
-		return fieldErr("address", "must not be empty")
-	}
-	host, port, err := net.SplitHostPort(address)
-	if err != nil {
-		return fieldErr("address", "%q is not host:port", address)
-	}
-	if host == "" {
-		return fieldErr("address", "%q has no host", address)
-	}
-	p, err := strconv.Atoi(port)
-	if err != nil || p < 1 || p > 65535 {
-		return fieldErr("address", "%q: port must be 1..65535", address)
-	}
-	return nil
-}
-
 // ValidTTL reports why a lease TTL is outside 2s..1h. Zero means the default
 // and is valid.
 func ValidTTL(ttl time.Duration) error {
@@ -107,8 +89,19 @@ func ValidTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Validate checks every rule of DESIGN.md on an instance a client submits.
-// The first failure is returned as a *FieldError naming the field.
+// Validate checks every rule of DESIGN.md on an instance a client submits,
+// and that it encodes (every string valid UTF-8), so that what it accepts
+// every reader decodes. The first failure is returned as a *FieldError
+// naming the field:
+//
+//   - service, id: see ValidService, ValidID; address: see ValidAddress;
+//   - weight 1..1000, 0 meaning the default 100;
+//   - zone (63 characters at most), version (128), metadata keys (63):
+//     printable names, no control characters or spaces;
+//   - metadata values (1 KiB at most) and lifecycle_reason (1 KiB): valid
+//     UTF-8 text without control characters; at most 64 metadata entries;
+//   - lifecycle and check.kind: known values; the check: see validCheck;
+//   - the whole record at most 16 KiB.
 func Validate(inst *registryv1.Instance) error {
 	if inst == nil {
 		return fieldErr("instance", "must be set")
@@ -125,27 +118,21 @@ func Validate(inst *registryv1.Instance) error {
 	if w := inst.GetWeight(); w != 0 && (w < MinWeight || w > MaxWeight) {
 		return fieldErr("weight", "%d is outside %d..%d", w, MinWeight, MaxWeight)
 	}
-	if len(inst.GetZone()) > MaxZoneLen {
-		return fieldErr("zone", "%d characters, at most %d", len(inst.GetZone()), MaxZoneLen)
+	if err := validName("zone", inst.GetZone(), MaxZoneLen); err != nil {
+		return err
 	}
-	if len(inst.GetVersion()) > MaxVersionLen {
-		return fieldErr("version", "%d characters, at most %d", len(inst.GetVersion()), MaxVersionLen)
+	if err := validName("version", inst.GetVersion(), MaxVersionLen); err != nil {
+		return err
 	}
-	if len(inst.GetLifecycleReason()) > MaxReasonLen {
-		return fieldErr("lifecycle_reason", "%d bytes, at most %d", len(inst.GetLifecycleReason()), MaxReasonLen)
+	if err := ValidReason(inst.GetLifecycleReason()); err != nil {
+		return err
 	}
 	if n := len(inst.GetMetadata()); n > MaxMetadata {
 		return fieldErr("metadata", "%d entries, at most %d", n, MaxMetadata)
 	}
 	for k, v := range inst.GetMetadata() {
-		if k == "" {
-			return fieldErr("metadata", "empty key")
-		}
-		if len(k) > MaxMetaKeyLen {
-			return fieldErr("metadata", "key %.20q... is %d characters, at most %d", k, len(k), MaxMetaKeyLen)
-		}
-		if len(v) > MaxMetaValueLen {
-			return fieldErr("metadata", "value of %q is %d bytes, at most %d", k, len(v), MaxMetaValueLen)
+		if err := ValidMetadata(k, v); err != nil {
+			return err
 		}
 	}
 	if _, ok := registryv1.Lifecycle_name[int32(inst.GetLifecycle())]; !ok {
@@ -154,48 +141,138 @@ func Validate(inst *registryv1.Instance) error {
 	if err := validCheck(inst.GetCheck()); err != nil {
 		return err
 	}
+	// Fields a client does not set but a stored record holds: only what
+	// encoding needs, so a prober's health write is never refused for
+	// the text of a probe error.
+	for _, s := range []struct{ field, v string }{
+		{"health.reason", inst.GetHealth().GetReason()},
+		{"health.observer", inst.GetHealth().GetObserver()},
+		{"incarnation", inst.GetIncarnation()},
+	} {
+		if !utf8.ValidString(s.v) {
+			return fieldErr(s.field, "not valid UTF-8")
+		}
+	}
 	if n := proto.Size(inst); n > MaxRecordSize {
 		return fieldErr("instance", "record is %d bytes, at most %d", n, MaxRecordSize)
 	}
 	return nil
 }
 
+// validName checks an optional name field of at most max characters.
+func validName(field, v string, max int) error {
+	if p := nameProblem(v); p != "" {
+		return fieldErr(field, "%q: %s", v, p)
+	}
+	if n := utf8.RuneCountInString(v); n > max {
+		return fieldErr(field, "%d characters, at most %d", n, max)
+	}
+	return nil
+}
+
+// ValidMetadata reports why k=v cannot be a metadata entry, or nil: the key
+// a printable name of 1..63 characters without spaces, the value UTF-8 text
+// of at most 1 KiB without control characters.
+func ValidMetadata(k, v string) error {
+	if k == "" {
+		return fieldErr("metadata", "empty key")
+	}
+	if p := nameProblem(k); p != "" {
+		return fieldErr("metadata", "key %q: %s", k, p)
+	}
+	if n := utf8.RuneCountInString(k); n > MaxMetaKeyLen {
+		return fieldErr("metadata", "key %.20q... is %d characters, at most %d", k, n, MaxMetaKeyLen)
+	}
+	if len(v) > MaxMetaValueLen {
+		return fieldErr("metadata", "value of %q is %d bytes, at most %d", k, len(v), MaxMetaValueLen)
+	}
+	if p := textProblem(v); p != "" {
+		return fieldErr("metadata", "value of %q: %s", k, p)
+	}
+	return nil
+}
+
+// ValidReason reports why reason cannot be a lifecycle reason (the reason
+// given to drain), or nil: UTF-8 text of at most 1 KiB without control
+// characters.
+func ValidReason(reason string) error {
+	if len(reason) > MaxReasonLen {
+		return fieldErr("lifecycle_reason", "%d bytes, at most %d", len(reason), MaxReasonLen)
+	}
+	if p := textProblem(reason); p != "" {
+		return fieldErr("lifecycle_reason", "%s", p)
+	}
+	return nil
+}
+
+// MinCheckTimeout is the shortest probe timeout a check may ask for: below
+// it every probe would time out before a connection could be made.
+const MinCheckTimeout = time.Millisecond
+
+// MinCheckInterval is the floor of a check's interval (from the seeds):
+// probes never run closer than this.
+const MinCheckInterval = 100 * time.Millisecond
+
+// validCheck checks a health check spec: a known kind; a target only where
+// the kind uses one (an HTTP path starting with '/', a gRPC service name;
+// none for NONE and TCP, which connect to the address); durations valid,
+// within 0..1h, an interval of at least 100ms, a timeout of at least 1ms
+// and not longer than the interval (0 meaning the prober's default for
+// each); thresholds at most 100.
 func validCheck(c *registryv1.HealthCheck) error {
 	if c == nil {
 		return nil
 	}
-	if _, ok := registryv1.CheckKind_name[int32(c.GetKind())]; !ok {
+	target := c.GetTarget()
+	if len(target) > MaxReasonLen {
+		return fieldErr("check.target", "%d bytes, at most %d", len(target), MaxReasonLen)
+	}
+	switch c.GetKind() {
+	case registryv1.CheckKind_CHECK_KIND_NONE, registryv1.CheckKind_CHECK_KIND_TCP:
+		if target != "" {
+			return fieldErr("check.target", "a %s check takes no target, got %q", kindName(c.GetKind()), target)
+		}
+	case registryv1.CheckKind_CHECK_KIND_HTTP:
+		if target == "" || target[0] != '/' {
+			return fieldErr("check.target", "an HTTP check needs a path starting with '/', got %q", target)
+		}
+		if p := nameProblem(target); p != "" {
+			return fieldErr("check.target", "%q: %s", target, p)
+		}
+	case registryv1.CheckKind_CHECK_KIND_GRPC:
+		if p := nameProblem(target); p != "" {
+			return fieldErr("check.target", "%q: %s", target, p)
+		}
+	default:
 		return fieldErr("check.kind", "unknown value %d", c.GetKind())
-	}
-	if c.GetKind() == registryv1.CheckKind_CHECK_KIND_HTTP && (c.GetTarget() == "" || c.GetTarget()[0] != '/') {
-		return fieldErr("check.target", "an HTTP check needs a path starting with '/', got %q", c.GetTarget())
-	}
-	if len(c.GetTarget()) > MaxReasonLen {
-		return fieldErr("check.target", "%d bytes, at most %d", len(c.GetTarget()), MaxReasonLen)
 	}
 	for _, d := range []struct {
 		name string
-		v    interface {
-			AsDuration() time.Duration
-		}
-		set bool
+		v    *durationpb.Duration
 	}{
-		{"check.interval", c.GetInterval(), c.Interval != nil},
-		{"check.timeout", c.GetTimeout(), c.Timeout != nil},
-		{"check.slow_threshold", c.GetSlowThreshold(), c.SlowThreshold != nil},
+		{"check.interval", c.GetInterval()},
+		{"check.timeout", c.GetTimeout()},
+		{"check.slow_threshold", c.GetSlowThreshold()},
 	} {
-		if !d.set {
+		if d.v == nil {
 			continue
+		}
+		if err := d.v.CheckValid(); err != nil {
+			return fieldErr(d.name, "%v", err)
 		}
 		if v := d.v.AsDuration(); v < 0 || v > time.Hour {
 			return fieldErr(d.name, "%s is outside 0..1h", v)
 		}
 	}
-	if c.Interval != nil && c.GetInterval().AsDuration() != 0 && c.GetInterval().AsDuration() < 100*time.Millisecond {
-		return fieldErr("check.interval", "%s is below the 100ms floor", c.GetInterval().AsDuration())
+	interval, timeout := c.GetInterval().AsDuration(), c.GetTimeout().AsDuration()
+	if interval != 0 && interval < MinCheckInterval {
+		return fieldErr("check.interval", "%s is below the %s floor", interval, MinCheckInterval)
 	}
-	if c.Timeout != nil && c.Interval != nil && c.GetTimeout().AsDuration() > c.GetInterval().AsDuration() && c.GetInterval().AsDuration() != 0 {
-		return fieldErr("check.timeout", "%s is longer than the interval %s", c.GetTimeout().AsDuration(), c.GetInterval().AsDuration())
+	if timeout != 0 && timeout < MinCheckTimeout {
+		return fieldErr("check.timeout", "%s is below the %s floor", timeout, MinCheckTimeout)
+	}
+	if interval != 0 && timeout > interval {
+		return fieldErr("check.timeout", "%s is longer than the interval %s", timeout, interval)
 	}
 	for _, t := range []struct {
 		name string
@@ -211,6 +288,11 @@ func validCheck(c *registryv1.HealthCheck) error {
 		}
 	}
 	return nil
+}
+
+// kindName is a check kind as a user writes it ("TCP").
+func kindName(k registryv1.CheckKind) string {
+	return strings.TrimPrefix(k.String(), "CHECK_KIND_")
 }
 
 // Normalize fills the defaults of a submitted instance: weight 100,

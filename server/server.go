@@ -69,7 +69,8 @@ func New(cfg Config) (*Server, error) {
 }
 
 // toStatus maps an error to the gRPC status a client branches on: the
-// field of an invalid input, not found, already exists, or unavailable
+// field of an invalid input (in the message and as errdetails.BadRequest),
+// not found, already exists, or unavailable
 // (etcd could not answer; try again or another regnode).
 func toStatus(err error) error {
 	if err == nil {
@@ -78,7 +79,7 @@ func toStatus(err error) error {
 	var fe *record.FieldError
 	switch {
 	case errors.As(err, &fe):
-		return status.Error(codes.InvalidArgument, fe.Error())
+		return fieldStatus(fe)
 	case errors.Is(err, record.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, record.ErrNotFound):

@@ -153,6 +153,7 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 			}
 		}
 		inst := proto.CloneOf(base)
+		var prev *registryv1.Instance // the live record replaced, if any: its routable_since carries over
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(skey), "=", stateRev)}
 		var oldLease int64
 		if len(ikvs) == 0 {
@@ -175,10 +176,12 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 				// Same owner (it lost track of its lease): the live record
 				// holds the current lifecycle and health.
 				s.carry(key, inst, old)
+				prev = old
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
 			oldLease = kv.Lease
 		}
+		record.StampRoutable(prev, inst, s.now())
 		val, err := record.Encode(inst)
 		if err == nil {
 			err = s.checkSize(key, inst)
@@ -297,6 +300,7 @@ func (s *Store) UpdateIf(ctx context.Context, service, id string, guard []client
 		if err := fn(next); err != nil {
 			return nil, 0, err
 		}
+		record.StampRoutable(cur, next, s.now())
 		if err := record.Validate(next); err != nil {
 			return nil, 0, err
 		}

@@ -214,6 +214,9 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 		labeled(sideClient, func() {
 			conns[k], err = grpc.NewClient("registry:///fo", grpc.WithResolvers(taps[k]),
 				grpc.WithTransportCredentials(insecure.NewCredentials()),
+				// The resolver pushes registry_weighted in its service config:
+				// ignore it, this scenario measures round_robin over the resolver.
+				grpc.WithDisableServiceConfig(),
 				grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
 		})
 		if err != nil {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -36,7 +38,7 @@ func parseEndpoints(s string) ([]string, error) {
 			continue
 		}
 		if err := record.ValidAddress(ep); err != nil {
-			return nil, usagef("invalid endpoint %q: must be host:port", ep)
+			return nil, usagef("invalid endpoint %q: %s", ep, reason(err))
 		}
 		eps = append(eps, ep)
 	}
@@ -88,9 +90,53 @@ func parseMeta(kvs []string) (map[string]string, error) {
 		if _, dup := md[k]; dup {
 			return nil, usagef("invalid --meta %q: key %q given twice", kv, k)
 		}
+		if err := record.ValidMetadata(k, v); err != nil {
+			return nil, usagef("invalid --meta %q: %s", kv, reason(err))
+		}
 		md[k] = v
 	}
+	if len(md) > record.MaxMetadata {
+		return nil, usagef("%d --meta entries, at most %d", len(md), record.MaxMetadata)
+	}
 	return md, nil
+}
+
+// reason is why the registry's rules refuse a value, without the field's
+// name (the caller names the flag instead).
+func reason(err error) string {
+	var fe *record.FieldError
+	if errors.As(err, &fe) {
+		return fe.Reason
+	}
+	return err.Error()
+}
+
+// fieldUsage makes a value the registry's rules refuse a usage error (exit
+// 2: the command line is wrong, nothing is sent) that still names the
+// record's field, as the regnode would ("invalid weight: ...").
+func fieldUsage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usagef("%v", err)
+}
+
+// validWeight checks a --weight given on the command line: 1..1000, as
+// its help says (0, the registry's "default", is not a weight to type).
+func validWeight(w uint32) error {
+	if w < record.MinWeight || w > record.MaxWeight {
+		return fieldUsage(&record.FieldError{Field: "weight", Reason: fmt.Sprintf("%d is outside %d..%d", w, record.MinWeight, record.MaxWeight)})
+	}
+	return nil
+}
+
+// validTTL checks a --ttl given on the command line: 2s..1h (0, the
+// registry's "default", is not a TTL to type).
+func validTTL(ttl time.Duration) error {
+	if ttl == 0 {
+		return fieldUsage(&record.FieldError{Field: "ttl", Reason: fmt.Sprintf("0s is outside %s..%s", record.MinTTL, record.MaxTTL)})
+	}
+	return fieldUsage(record.ValidTTL(ttl))
 }
 
 // parseCheck turns --check tcp|http:PATH|grpc[:SERVICE]|none and the

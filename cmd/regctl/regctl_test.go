@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -166,7 +167,11 @@ func apiClient(t *testing.T, addr string) registryv1.RegistryClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close client: %v", err)
+		}
+	})
 	return c.API()
 }
 
@@ -261,6 +266,7 @@ func TestCommands(t *testing.T) {
 
 	o1 := &registryv1.Instance{Service: "orders", Id: "o-1", Address: "127.0.0.1:9101", Zone: "eu-1a",
 		Version: "1.2.3", Weight: 50, Metadata: map[string]string{"az": "eu-1a", "tier": "gold"}}
+	seeded := time.Now()
 	lease1 := seed(t, api, o1)
 	seed(t, api, &registryv1.Instance{Service: "orders", Id: "o-2", Address: "127.0.0.1:9102"})
 	seed(t, api, &registryv1.Instance{Service: "billing", Id: "b-1", Address: "127.0.0.1:9201", Zone: "eu-1b"})
@@ -345,8 +351,8 @@ func TestCommands(t *testing.T) {
 			t.Errorf("revisions = %v, %v", i["mod_revision"], i["create_revision"])
 		}
 		reg, err := time.Parse(time.RFC3339Nano, i["registered_at"].(string))
-		if err != nil || !strings.HasSuffix(i["registered_at"].(string), "Z") || time.Since(reg) > time.Minute || time.Since(reg) < -time.Minute {
-			t.Errorf("registered_at = %v (%v), want a recent RFC 3339 UTC time", i["registered_at"], err)
+		if err != nil || !strings.HasSuffix(i["registered_at"].(string), "Z") || reg.Before(seeded) || reg.After(time.Now()) {
+			t.Errorf("registered_at = %v (%v), want an RFC 3339 UTC time between the registration (%v) and now", i["registered_at"], err, seeded)
 		}
 		h := i["health"].(map[string]any)
 		if !slices.Contains(healthStates, h["state"].(string)) {
@@ -564,11 +570,10 @@ func (lr *lineReader) rest(t *testing.T, d time.Duration) []string {
 	}
 }
 
-// etcdEvent is one etcd event on an instance key, when it was seen.
+// etcdEvent is one etcd event on an instance key.
 type etcdEvent struct {
 	delete bool
 	inst   *registryv1.Instance
-	at     time.Time
 }
 
 // watchKey records every etcd event on service/id from now until the test
@@ -593,7 +598,7 @@ func watchKey(t *testing.T, rn *regnodetest.Regnode, service, id string) func() 
 		defer close(done)
 		for resp := range wch {
 			for _, ev := range resp.Events {
-				e := etcdEvent{at: time.Now(), delete: ev.Type == clientv3.EventTypeDelete}
+				e := etcdEvent{delete: ev.Type == clientv3.EventTypeDelete}
 				if !e.delete {
 					inst, err := keys.Decode(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.CreateRevision, ev.Kv.ModRevision)
 					if err != nil {
@@ -621,14 +626,16 @@ func watchKey(t *testing.T, rn *regnodetest.Regnode, service, id string) func() 
 
 // TestRegister runs `regctl register` in the foreground, checks that it is
 // listed, interrupts it, and checks from etcd itself that it went DRAINING,
-// stayed so for the drain grace, then was deleted.
+// stayed so while the drain grace lasted, then was deleted. The grace is
+// longer than any test: a second signal ends it, so what is checked is
+// that the instance stays DRAINING until then, not how long it stayed.
 func TestRegister(t *testing.T) {
 	rn := regnodetest.Start(t)
 	ctl := ctlOf(t, rn.Addr)
 	events := watchKey(t, rn, "web", "w-1")
 
 	cmd := exec.Command(binary(t), "--endpoints", rn.Addr, "register", "--service", "web", "--id", "w-1",
-		"--address", "127.0.0.1:8080", "--ttl", "5s", "--drain-grace", "1500ms", "--weight", "7",
+		"--address", "127.0.0.1:8080", "--ttl", "30s", "--drain-grace", "1h", "--weight", "7",
 		"--meta", "k=v=w", "--zone", "z1", "--version", "v9", "--check", "http:/healthz",
 		"--check-interval", "1s", "--check-timeout", "500ms")
 	cmd.Env = environ()
@@ -655,7 +662,7 @@ func TestRegister(t *testing.T) {
 	lease := strings.SplitN(strings.TrimPrefix(first, prefix), ",", 2)[0]
 
 	var listed []map[string]any
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		decodeJSON(t, mustOK(t, ctl("list", "web", "-o", "json")), &listed)
 		if len(listed) == 1 || time.Now().After(deadline) {
@@ -686,6 +693,34 @@ func TestRegister(t *testing.T) {
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
+	if l, want := out.next(t, 30*time.Second), "draining web/w-1 for 1h0m0s, then deregistering"; l != want {
+		t.Fatalf("after the first signal %q, want %q", l, want)
+	}
+	// DRAINING lands in etcd, and the grace holds the delete back: the
+	// instance is still there, DRAINING, as the regnode serves it.
+	deadline = time.Now().Add(time.Minute)
+	for {
+		s := stored(t, rn, "web", "w-1")
+		if s == nil {
+			t.Fatal("w-1 deleted before the drain grace ended")
+		}
+		if s.Lifecycle == registryv1.Lifecycle_LIFECYCLE_DRAINING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("w-1 never went DRAINING: %v", s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var got map[string]any
+	decodeJSON(t, mustOK(t, ctl("get", "web/w-1", "-o", "json")), &got)
+	if got["lifecycle"] != "DRAINING" {
+		t.Fatalf("during the grace regnode serves w-1 as %v, want DRAINING", got["lifecycle"])
+	}
+	// The second signal ends the grace: deregistered at once.
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
 	rest := out.rest(t, 30*time.Second)
 	err := cmd.Wait()
 	exited = true
@@ -695,8 +730,8 @@ func TestRegister(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("stderr %q, want nothing", stderr.String())
 	}
-	if want := []string{"draining web/w-1 for 1.5s, then deregistering", "deregistered web/w-1"}; !slices.Equal(rest, want) {
-		t.Errorf("stdout after the signal %q, want %q", rest, want)
+	if want := []string{"deregistered web/w-1"}; !slices.Equal(rest, want) {
+		t.Errorf("stdout after the second signal %q, want %q", rest, want)
 	}
 
 	mustFail(t, ctl("get", "web/w-1"), 1, "web/w-1 not found")
@@ -719,9 +754,6 @@ func TestRegister(t *testing.T) {
 	}
 	if evs[drained].inst.GetLifecycleReason() == "" {
 		t.Errorf("drained without a reason")
-	}
-	if d := evs[deleted].at.Sub(evs[drained].at); d < time.Second {
-		t.Errorf("deleted %s after DRAINING, want at least about the 1.5s grace", d)
 	}
 }
 
@@ -788,7 +820,7 @@ func TestBadInput(t *testing.T) {
 
 	t.Run("bad weight", func(t *testing.T) {
 		mustFail(t, ctl("register", "--service", "web", "--id", "w-1", "--address", "127.0.0.1:8080", "--weight", "5000"),
-			1, "regctl: invalid weight: 5000 is outside 1..1000")
+			2, "regctl: invalid weight: 5000 is outside 1..1000")
 		if n := instanceKeys(t, rn, ""); n != 0 {
 			t.Errorf("%d instance keys in etcd after a refused register", n)
 		}
@@ -801,11 +833,16 @@ func TestBadInput(t *testing.T) {
 		if after := stored(t, rn, "web", "w-9"); after.GetModRevision() != before.GetModRevision() {
 			t.Errorf("refused drain wrote: mod revision %d -> %d", before.GetModRevision(), after.GetModRevision())
 		}
-		// Someone else's live id: refused at once, not retried.
+		// Someone else's live id: refused at once, not retried (the
+		// regnode counts one refused registration, not one per retry).
+		refused := func() float64 {
+			return testutil.ToFloat64(rn.Node.Metrics().RegistrationErrors.WithLabelValues("AlreadyExists"))
+		}
+		refusedBefore := refused()
 		r := ctl("register", "--service", "web", "--id", "w-9", "--address", "127.0.0.1:8089")
 		mustFail(t, r, 1, "already registered")
-		if r.took > 4*time.Second {
-			t.Errorf("AlreadyExists took %s; want an immediate failure", r.took)
+		if n := refused() - refusedBefore; n != 1 {
+			t.Errorf("the regnode refused %v registrations of w-9, want 1: AlreadyExists was retried", n)
 		}
 	})
 
@@ -840,7 +877,10 @@ func TestBadInput(t *testing.T) {
 }
 
 // TestUnreachable checks that a regnode that cannot be reached is reported
-// in one line within --timeout.
+// in one line naming the deadline that ended the wait. How long it took is
+// not asserted (a loaded machine starts a race-enabled process slowly):
+// a regctl that hung instead of giving up is killed by regctl's one-minute
+// guard and fails on its exit code.
 func TestUnreachable(t *testing.T) {
 	// A port nobody listens on: connection refused.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -883,22 +923,16 @@ func TestUnreachable(t *testing.T) {
 		name string
 		args []string
 		want string
-		max  time.Duration
 	}{
-		{"refused", []string{"--endpoints", refused, "--timeout", "3s", "list"}, "cannot reach a regnode at " + refused, 3 * time.Second},
-		{"refused status", []string{"--endpoints", refused, "status"}, "cannot reach a regnode at " + refused, 5 * time.Second},
+		{"refused", []string{"--endpoints", refused, "--timeout", "3s", "list"}, "cannot reach a regnode at " + refused},
+		{"refused status", []string{"--endpoints", refused, "status"}, "cannot reach a regnode at " + refused},
 		{"silent", []string{"--endpoints", silent.Addr().String(), "--timeout", "1s", "get", "a/b"},
-			"no answer from a regnode at " + silent.Addr().String() + " within 1s", time.Second},
+			"no answer from a regnode at " + silent.Addr().String() + " within 1s"},
 		{"register", []string{"--endpoints", refused, "--timeout", "1s", "register", "--service", "web", "--id", "w-1", "--address", "127.0.0.1:1"},
-			"could not register web/w-1 within 1s", time.Second},
+			"could not register web/w-1 within 1s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := regctl(t, nil, tc.args...)
-			mustFail(t, r, 1, tc.want)
-			// The timeout, plus starting a (race-enabled) process.
-			if r.took > tc.max+3*time.Second {
-				t.Errorf("took %s, want about %s at most", r.took, tc.max)
-			}
+			mustFail(t, regctl(t, nil, tc.args...), 1, tc.want)
 		})
 	}
 }

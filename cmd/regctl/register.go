@@ -79,10 +79,11 @@ registered (with -o json, one JSON object per event).
 	return cmd
 }
 
-// instance builds and validates the instance the flags describe. Missing
-// required flags and malformed --service, --id, --meta and --check are
-// usage errors; a value the registry refuses (weight, address, TTL, sizes)
-// is the registry's own validation error, naming the field.
+// instance builds and validates the instance the flags describe, by the
+// registry's own rules, before anything is sent. Every refusal is a usage
+// error (exit 2): missing required flags, malformed --service, --id, --meta
+// and --check, and any value the registry would refuse (weight, address,
+// TTL, zone, sizes), which names the record's field as the regnode would.
 func (f *registerFlags) instance(cmd *cobra.Command) (*registryv1.Instance, error) {
 	for _, name := range []string{"service", "id", "address"} {
 		if v, _ := cmd.Flags().GetString(name); v == "" {
@@ -110,6 +111,11 @@ func (f *registerFlags) instance(cmd *cobra.Command) (*registryv1.Instance, erro
 	if err != nil {
 		return nil, err
 	}
+	if cmd.Flags().Changed("weight") {
+		if err := validWeight(f.weight); err != nil {
+			return nil, err
+		}
+	}
 	inst := &registryv1.Instance{
 		Service:   f.service,
 		Id:        f.id,
@@ -122,13 +128,13 @@ func (f *registerFlags) instance(cmd *cobra.Command) (*registryv1.Instance, erro
 		Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING,
 	}
 	if err := record.Validate(inst); err != nil {
-		return nil, err
+		return nil, fieldUsage(err)
 	}
-	if err := record.ValidTTL(f.ttl); err != nil {
+	if err := validTTL(f.ttl); err != nil {
 		return nil, err
 	}
 	if f.drainGrace < 0 {
-		return nil, &record.FieldError{Field: "drain_grace", Reason: fmt.Sprintf("%s is negative", f.drainGrace)}
+		return nil, fieldUsage(&record.FieldError{Field: "drain_grace", Reason: fmt.Sprintf("%s is negative", f.drainGrace)})
 	}
 	return inst, nil
 }

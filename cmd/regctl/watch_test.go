@@ -422,7 +422,11 @@ func TestWatchTable(t *testing.T) {
 			if len(f) != 3 || f[0] != "REV" || f[2] != "PROGRESS" {
 				t.Fatalf("line %q, want REV R  PROGRESS", l)
 			}
-			if r, _ := strconv.ParseInt(f[1], 10, 64); r >= other.Revision {
+			r, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				t.Fatalf("line %q: revision: %v", l, err)
+			}
+			if r >= other.Revision {
 				break
 			}
 		}

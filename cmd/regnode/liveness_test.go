@@ -55,7 +55,7 @@ func index(log []string, from int, prefix string) int {
 // regnode, and a change made through that one reaches it.
 func TestPausedRegnodeSubscriberMovesOn(t *testing.T) {
 	m := etcdtest.Start(t, false)
-	rs := cluster(t, m.ClientURL, 2)
+	rs := cluster(t, m.ClientURL, 2, "2s")
 	c, err := client.New(client.Config{Endpoints: []string{rs[0].api, rs[1].api}})
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +168,7 @@ func TestPausedRegnodeSubscriberMovesOn(t *testing.T) {
 // whenever another subscription's pick came in between.
 func TestPausedRegnodeEverySubscriptionMovesOnce(t *testing.T) {
 	m := etcdtest.Start(t, false)
-	rs := cluster(t, m.ClientURL, 2)
+	rs := cluster(t, m.ClientURL, 2, "2s")
 	c, err := client.New(client.Config{Endpoints: []string{rs[0].api, rs[1].api}})
 	if err != nil {
 		t.Fatal(err)

@@ -174,7 +174,10 @@ func TestEnumNames(t *testing.T) {
 }
 
 func TestNewInstancesEmptyAndSorted(t *testing.T) {
-	b, _ := json.Marshal(NewInstances(nil))
+	b, err := json.Marshal(NewInstances(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if string(b) != "[]" {
 		t.Errorf("no instances = %s, want []", b)
 	}
@@ -207,8 +210,8 @@ func TestCountServices(t *testing.T) {
 	}
 	wantKeys(t, "service counts", decode(t, got[0]), "service", "total", "starting", "serving",
 		"draining", "healthy", "degraded", "unavailable", "unknown")
-	if b, _ := json.Marshal(CountServices(nil)); string(b) != "[]" {
-		t.Errorf("no services = %s, want []", b)
+	if b, err := json.Marshal(CountServices(nil)); err != nil || string(b) != "[]" {
+		t.Errorf("no services = %s (%v), want []", b, err)
 	}
 }
 
@@ -404,7 +407,9 @@ func TestWriteInstances(t *testing.T) {
 	}
 
 	buf.Reset()
-	WriteInstances(&buf, nil, false, now)
+	if err := WriteInstances(&buf, nil, false, now); err != nil {
+		t.Fatal(err)
+	}
 	if buf.String() != "No instances found.\n" {
 		t.Errorf("empty = %q", buf.String())
 	}
@@ -431,7 +436,9 @@ func TestWriteInstance(t *testing.T) {
 
 func TestWriteServicesAndStatus(t *testing.T) {
 	var buf bytes.Buffer
-	WriteServices(&buf, []ServiceCounts{{Service: "orders", Total: 2, Serving: 1, Draining: 1, Unknown: 2}}, false)
+	if err := WriteServices(&buf, []ServiceCounts{{Service: "orders", Total: 2, Serving: 1, Draining: 1, Unknown: 2}}, false); err != nil {
+		t.Fatal(err)
+	}
 	want := [][]string{
 		{"SERVICE", "TOTAL", "SERVING", "DRAINING", "HEALTHY", "DEGRADED", "UNAVAILABLE", "UNKNOWN"},
 		{"orders", "2", "1", "1", "0", "0", "0", "2"},
@@ -441,8 +448,10 @@ func TestWriteServicesAndStatus(t *testing.T) {
 	}
 
 	buf.Reset()
-	WriteStatus(&buf, NewStatus(&registryv1.StatusResponse{Node: "rn", Revision: 7,
-		Members: []*registryv1.Member{{Id: 255, Name: "m1", ClientUrls: []string{"http://c"}, IsLeader: true}}}), false)
+	if err := WriteStatus(&buf, NewStatus(&registryv1.StatusResponse{Node: "rn", Revision: 7,
+		Members: []*registryv1.Member{{Id: 255, Name: "m1", ClientUrls: []string{"http://c"}, IsLeader: true}}}), false); err != nil {
+		t.Fatal(err)
+	}
 	out := buf.String()
 	for _, want := range []string{"Node:", "rn", "Revision:", "7", "MEMBER", "m1", "ff", "http://c", "yes"} {
 		if !strings.Contains(out, want) {

@@ -453,8 +453,12 @@ type Instance struct {
 	// Filled on read from etcd's key metadata; never stored.
 	ModRevision    int64 `protobuf:"varint,15,opt,name=mod_revision,json=modRevision,proto3" json:"mod_revision,omitempty"`
 	CreateRevision int64 `protobuf:"varint,16,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// When the registry saw the instance become routable (registered, back
+	// from UNAVAILABLE, undrained): the start of its slow start, the same
+	// for every client. Set by record.StampRoutable on every write.
+	RoutableSince *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=routable_since,json=routableSince,proto3" json:"routable_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
@@ -597,6 +601,13 @@ func (x *Instance) GetCreateRevision() int64 {
 		return x.CreateRevision
 	}
 	return 0
+}
+
+func (x *Instance) GetRoutableSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RoutableSince
+	}
+	return nil
 }
 
 type RegisterRequest struct {
@@ -2120,7 +2131,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12<\n" +
 	"\flast_latency\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vlastLatency\x12\x1a\n" +
 	"\bobserver\x18\x05 \x01(\tR\bobserver\x12\x14\n" +
-	"\x05fence\x18\x06 \x01(\x03R\x05fence\"\x9a\x05\n" +
+	"\x05fence\x18\x06 \x01(\x03R\x05fence\"\xdd\x05\n" +
 	"\bInstance\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -2138,7 +2149,8 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\rregistered_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12 \n" +
 	"\vincarnation\x18\x0e \x01(\tR\vincarnation\x12!\n" +
 	"\fmod_revision\x18\x0f \x01(\x03R\vmodRevision\x12'\n" +
-	"\x0fcreate_revision\x18\x10 \x01(\x03R\x0ecreateRevision\x1a;\n" +
+	"\x0fcreate_revision\x18\x10 \x01(\x03R\x0ecreateRevision\x12A\n" +
+	"\x0eroutable_since\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rroutableSince\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"q\n" +
@@ -2343,45 +2355,46 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	0,  // 9: registry.v1.Instance.lifecycle:type_name -> registry.v1.Lifecycle
 	5,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
 	33, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	6,  // 12: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
-	32, // 13: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
-	6,  // 14: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
-	6,  // 15: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
-	6,  // 16: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
-	6,  // 17: registry.v1.GetResponse.instance:type_name -> registry.v1.Instance
-	6,  // 18: registry.v1.ListResponse.instances:type_name -> registry.v1.Instance
-	6,  // 19: registry.v1.Snapshot.instances:type_name -> registry.v1.Instance
-	3,  // 20: registry.v1.Event.type:type_name -> registry.v1.Event.Type
-	6,  // 21: registry.v1.Event.instance:type_name -> registry.v1.Instance
-	23, // 22: registry.v1.Events.events:type_name -> registry.v1.Event
-	22, // 23: registry.v1.WatchResponse.snapshot:type_name -> registry.v1.Snapshot
-	24, // 24: registry.v1.WatchResponse.events:type_name -> registry.v1.Events
-	25, // 25: registry.v1.WatchResponse.progress:type_name -> registry.v1.Progress
-	28, // 26: registry.v1.StatusResponse.members:type_name -> registry.v1.Member
-	29, // 27: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
-	7,  // 28: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	9,  // 29: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	11, // 30: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	13, // 31: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	15, // 32: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	17, // 33: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	19, // 34: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	21, // 35: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	27, // 36: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	8,  // 37: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	10, // 38: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	12, // 39: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	14, // 40: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	16, // 41: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	18, // 42: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	20, // 43: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	26, // 44: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	30, // 45: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	37, // [37:46] is the sub-list for method output_type
-	28, // [28:37] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	33, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
+	6,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
+	32, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
+	6,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
+	6,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
+	6,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
+	6,  // 18: registry.v1.GetResponse.instance:type_name -> registry.v1.Instance
+	6,  // 19: registry.v1.ListResponse.instances:type_name -> registry.v1.Instance
+	6,  // 20: registry.v1.Snapshot.instances:type_name -> registry.v1.Instance
+	3,  // 21: registry.v1.Event.type:type_name -> registry.v1.Event.Type
+	6,  // 22: registry.v1.Event.instance:type_name -> registry.v1.Instance
+	23, // 23: registry.v1.Events.events:type_name -> registry.v1.Event
+	22, // 24: registry.v1.WatchResponse.snapshot:type_name -> registry.v1.Snapshot
+	24, // 25: registry.v1.WatchResponse.events:type_name -> registry.v1.Events
+	25, // 26: registry.v1.WatchResponse.progress:type_name -> registry.v1.Progress
+	28, // 27: registry.v1.StatusResponse.members:type_name -> registry.v1.Member
+	29, // 28: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
+	7,  // 29: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	9,  // 30: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	11, // 31: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	13, // 32: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	15, // 33: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	17, // 34: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	19, // 35: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	21, // 36: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	27, // 37: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	8,  // 38: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	10, // 39: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	12, // 40: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	14, // 41: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	16, // 42: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	18, // 43: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	20, // 44: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	26, // 45: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	30, // 46: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	38, // [38:47] is the sub-list for method output_type
+	29, // [29:38] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }

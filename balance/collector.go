@@ -1,0 +1,71 @@
+package balance
+
+import "github.com/prometheus/client_golang/prometheus"
+
+var (
+	descPicks = prometheus.NewDesc("registry_client_picks_total",
+		"Calls the balancer sent to each instance.", []string{"service", "id"}, nil)
+	descWeight = prometheus.NewDesc("registry_client_instance_weight",
+		"Weight the latest picker gives each instance (slow start included).", []string{"service", "id"}, nil)
+	descEjections = prometheus.NewDesc("registry_client_ejections_total",
+		"Instances ejected by passive outlier detection.", nil, nil)
+	descReturns = prometheus.NewDesc("registry_client_ejection_returns_total",
+		"Ejected instances brought back by half-open successes.", nil, nil)
+	descCapped = prometheus.NewDesc("registry_client_ejections_capped_total",
+		"Ejections refused because the share of ejected instances was at its maximum.", nil, nil)
+	descProbes = prometheus.NewDesc("registry_client_half_open_calls_total",
+		"Calls let through to an ejected instance to test it.", nil, nil)
+	descPanicEnters = prometheus.NewDesc("registry_client_panic_entered_total",
+		"Times a channel entered panic mode.", nil, nil)
+	descPanicking = prometheus.NewDesc("registry_client_panic_channels",
+		"Channels in panic mode now.", nil, nil)
+	descRetries = prometheus.NewDesc("registry_client_retries_total",
+		"Retry attempts made.", nil, nil)
+	descExhausted = prometheus.NewDesc("registry_client_retry_budget_exhausted_total",
+		"Retries refused by the retry budget.", nil, nil)
+	descNoInstance = prometheus.NewDesc("registry_client_no_instance_total",
+		"Calls failed because no instance could be called.", nil, nil)
+)
+
+// Describe implements prometheus.Collector: register a Metrics with the
+// application's registry to export it.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPicks, descWeight, descEjections, descReturns, descCapped, descProbes,
+		descPanicEnters, descPanicking, descRetries, descExhausted, descNoInstance} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	c := m.Counts()
+	counter := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	counter(descEjections, c.Ejections)
+	counter(descReturns, c.Returns)
+	counter(descCapped, c.EjectionsCapped)
+	counter(descProbes, c.HalfOpenProbes)
+	counter(descPanicEnters, c.PanicEnters)
+	counter(descRetries, c.Retries)
+	counter(descExhausted, c.BudgetExhausted)
+	counter(descNoInstance, c.NoInstance)
+	ch <- prometheus.MustNewConstMetric(descPanicking, prometheus.GaugeValue, float64(c.Panicking))
+	for k, v := range c.Picks {
+		svc, id := split(k)
+		ch <- prometheus.MustNewConstMetric(descPicks, prometheus.CounterValue, float64(v), svc, id)
+	}
+	for k, v := range c.Weights {
+		svc, id := split(k)
+		ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, float64(v), svc, id)
+	}
+}
+
+func split(k string) (service, id string) {
+	for i := 0; i < len(k); i++ {
+		if k[i] == '/' {
+			return k[:i], k[i+1:]
+		}
+	}
+	return k, ""
+}

@@ -1,0 +1,112 @@
+package balance
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Metrics counts what the balancer and the retry interceptor decide. It
+// is safe for concurrent use; one Metrics may be shared by every channel
+// of a client (the client's resolver passes its own in Service).
+type Metrics struct {
+	ejections        atomic.Int64
+	returns          atomic.Int64
+	ejectionsCapped  atomic.Int64
+	halfOpenProbes   atomic.Int64
+	panicEnters      atomic.Int64
+	panicLeaves      atomic.Int64
+	retries          atomic.Int64
+	budgetExhausted  atomic.Int64
+	panicking        atomic.Int64 // channels in panic mode now
+	noInstanceErrors atomic.Int64
+
+	mu      sync.Mutex
+	picks   map[string]*atomic.Int64 // by service/id
+	weights map[string]*atomic.Int64 // by service/id: the weight the picker uses now
+}
+
+// NewMetrics returns zeroed counts.
+func NewMetrics() *Metrics {
+	return &Metrics{picks: map[string]*atomic.Int64{}, weights: map[string]*atomic.Int64{}}
+}
+
+// Counts is a copy of the counts at one moment.
+type Counts struct {
+	// Ejections and Returns of instances by the outlier detector.
+	Ejections, Returns int64
+	// EjectionsCapped counts ejections refused by MaxEjectionPercent.
+	EjectionsCapped int64
+	// HalfOpenProbes counts calls let through to an ejected instance.
+	HalfOpenProbes int64
+	// PanicEnters and PanicLeaves count panic mode transitions;
+	// Panicking is the number of channels in panic mode now.
+	PanicEnters, PanicLeaves, Panicking int64
+	// Retries counts retry attempts made; BudgetExhausted the retries
+	// refused by the retry budget.
+	Retries, BudgetExhausted int64
+	// NoInstance counts picks failed because nothing could be called.
+	NoInstance int64
+	// Picks by "service/id".
+	Picks map[string]int64
+	// Weights by "service/id": the weight the latest picker gives the
+	// instance (slow start included); absent while it cannot be picked
+	// or is ejected.
+	Weights map[string]int64
+}
+
+// Counts returns the current counts.
+func (m *Metrics) Counts() Counts {
+	c := Counts{
+		Ejections: m.ejections.Load(), Returns: m.returns.Load(), EjectionsCapped: m.ejectionsCapped.Load(),
+		HalfOpenProbes: m.halfOpenProbes.Load(), PanicEnters: m.panicEnters.Load(), PanicLeaves: m.panicLeaves.Load(),
+		Panicking: m.panicking.Load(), Retries: m.retries.Load(), BudgetExhausted: m.budgetExhausted.Load(),
+		NoInstance: m.noInstanceErrors.Load(), Picks: map[string]int64{}, Weights: map[string]int64{},
+	}
+	m.mu.Lock()
+	for k, v := range m.picks {
+		c.Picks[k] = v.Load()
+	}
+	for k, v := range m.weights {
+		if w := v.Load(); w > 0 {
+			c.Weights[k] = w
+		}
+	}
+	m.mu.Unlock()
+	return c
+}
+
+// pickCounter returns the pick counter of one instance, made once so the
+// pick path only does an atomic add.
+func (m *Metrics) pickCounter(service, id string) *atomic.Int64 {
+	k := service + "/" + id
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.picks[k]
+	if c == nil {
+		c = new(atomic.Int64)
+		m.picks[k] = c
+	}
+	return c
+}
+
+// setWeights records the weights of one service's latest picker.
+func (m *Metrics) setWeights(service string, w map[string]uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, v := range m.weights {
+		if len(k) > len(service) && k[:len(service)+1] == service+"/" {
+			if _, ok := w[k[len(service)+1:]]; !ok {
+				v.Store(0)
+			}
+		}
+	}
+	for id, x := range w {
+		k := service + "/" + id
+		v := m.weights[k]
+		if v == nil {
+			v = new(atomic.Int64)
+			m.weights[k] = v
+		}
+		v.Store(int64(x))
+	}
+}

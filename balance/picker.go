@@ -1,0 +1,245 @@
+package balance
+
+import (
+	"fmt"
+	rand "math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func unavailablef(format string, args ...any) error {
+	return status.Error(codes.Unavailable, fmt.Sprintf(format, args...))
+}
+
+// cand is one endpoint a picker may choose, at its weight of the moment
+// the picker was built (slow start included).
+type cand struct {
+	ep    *endpoint
+	pk    balancer.Picker // the pickfirst child's READY picker
+	w     uint64
+	id    string
+	zone  string
+	picks *atomic.Int64
+}
+
+// set is a group of candidates with what weighted picking needs.
+type set struct {
+	cands []cand
+	cum   []uint64 // cumulative weights, for weighted sampling
+
+	wrrMu  sync.Mutex
+	wrrCur []int64 // smooth WRR's current weights, by cand
+}
+
+func newSet(cands []cand) *set {
+	s := &set{cands: cands, cum: make([]uint64, len(cands)), wrrCur: make([]int64, len(cands))}
+	var t uint64
+	for i, c := range cands {
+		t += c.w
+		s.cum[i] = t
+	}
+	return s
+}
+
+// picker is an immutable snapshot. The P2C path takes no lock: in-flight
+// counts are atomics, incremented on pick and decremented in Done.
+type picker struct {
+	sh       *shared
+	all      *set
+	halfOpen []cand // ejected endpoints whose ejection is over: one call at a time
+	err      error  // set when nothing can be called
+	final    bool   // err is a fact of the registry: do not retry it
+
+	// Zone-aware routing: with probability pLocal a call goes to local,
+	// otherwise to remote; nil local means no zone routing.
+	local, remote *set
+	pLocal        float64
+}
+
+// weights are the weights of the candidates (ejected ones, even due a
+// half-open call, are not candidates).
+func (p *picker) weights() map[string]uint64 {
+	w := make(map[string]uint64, len(p.all.cands))
+	for _, c := range p.all.cands {
+		w[c.id] = c.w
+	}
+	return w
+}
+
+func (p *picker) with(err error, final bool) *picker {
+	p.err, p.final = err, final
+	return p
+}
+
+func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	c := callFrom(info.Ctx)
+	if c != nil {
+		c.bind(p.sh)
+	}
+	if p.err != nil {
+		if p.err != balancer.ErrNoSubConnAvailable {
+			p.sh.metrics.noInstanceErrors.Add(1)
+			if c != nil && p.final {
+				c.markFinal()
+			}
+		}
+		return balancer.PickResult{}, p.err
+	}
+	for i := range p.halfOpen {
+		h := &p.halfOpen[i]
+		if c.tried(h.ep.key) || !h.ep.probing.CompareAndSwap(false, true) {
+			continue
+		}
+		res, err := p.use(h, info, c, true)
+		if err == nil {
+			p.sh.metrics.halfOpenProbes.Add(1)
+			return res, nil
+		}
+		h.ep.probing.Store(false)
+	}
+	s := p.all
+	if p.local != nil {
+		if p.pLocal >= 1 || rand.Float64() < p.pLocal {
+			s = p.local
+		} else {
+			s = p.remote
+		}
+	}
+	chosen := p.choose(s, c)
+	if chosen == nil && s != p.all { // the zone's instances were all tried
+		chosen = p.choose(p.all, c)
+	}
+	if chosen == nil {
+		if c != nil {
+			c.markFinal()
+		}
+		return balancer.PickResult{}, unavailablef("%s: every instance that can be called was already tried for this call", p.sh.service)
+	}
+	return p.use(chosen, info, c, false)
+}
+
+func (p *picker) choose(s *set, c *call) *cand {
+	if p.sh.policy.Picker == PickerWRR {
+		return s.wrr(c)
+	}
+	return s.p2c(c)
+}
+
+// p2c draws a candidate with probability proportional to weight, then a
+// second one the same way among the others, and keeps the second only if
+// it has fewer in-flight calls per unit of weight (seed 004's score,
+// active/weight). On a tie the first stays: it was itself a weighted
+// random draw, so an idle channel (every score 0) splits calls exactly by
+// weight, and under load every pick compares two distinct instances,
+// which moves calls away from one that answers slowly.
+func (s *set) p2c(c *call) *cand {
+	cands, cum := s.cands, s.cum
+	if c.anyTried() {
+		cands, cum = s.untried(c)
+	}
+	n := len(cands)
+	if n == 0 {
+		return nil
+	}
+	if n == 1 {
+		return &cands[0]
+	}
+	total := cum[n-1]
+	ia := drawIndex(cum, rand.Uint64N(total))
+	a := &cands[ia]
+	b := &cands[drawOther(cum, ia, rand.Uint64N(total-a.w))]
+	// b.inflight/b.w < a.inflight/a.w without division.
+	if uint64(b.ep.inflight.Load())*a.w < uint64(a.ep.inflight.Load())*b.w {
+		return b
+	}
+	return a
+}
+
+// drawIndex maps r in [0, total weight) to the candidate whose range of
+// the cumulative weights holds it.
+func drawIndex(cum []uint64, r uint64) int {
+	return sort.Search(len(cum), func(i int) bool { return cum[i] > r })
+}
+
+// drawOther maps r in [0, total weight − weight of ia) to a candidate
+// other than ia, each with probability proportional to its weight: r
+// skips ia's range.
+func drawOther(cum []uint64, ia int, r uint64) int {
+	lo := uint64(0)
+	if ia > 0 {
+		lo = cum[ia-1]
+	}
+	if r >= lo {
+		r += cum[ia] - lo
+	}
+	return drawIndex(cum, r)
+}
+
+func (s *set) untried(c *call) ([]cand, []uint64) {
+	var out []cand
+	var cum []uint64
+	var t uint64
+	for _, x := range s.cands {
+		if !c.tried(x.ep.key) {
+			t += x.w
+			out, cum = append(out, x), append(cum, t)
+		}
+	}
+	return out, cum
+}
+
+// wrr is nginx's smooth weighted round robin: every candidate gains its
+// weight, the highest is chosen and loses the total. Over any window of
+// total picks each candidate gets exactly its weight's share, spread out.
+func (s *set) wrr(c *call) *cand {
+	s.wrrMu.Lock()
+	defer s.wrrMu.Unlock()
+	best, total := -1, int64(0)
+	anyTried := c.anyTried()
+	for i := range s.cands {
+		if anyTried && c.tried(s.cands[i].ep.key) {
+			continue
+		}
+		w := int64(s.cands[i].w)
+		s.wrrCur[i] += w
+		total += w
+		if best < 0 || s.wrrCur[i] > s.wrrCur[best] {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	s.wrrCur[best] -= total
+	return &s.cands[best]
+}
+
+// use picks through the chosen child and wires the passive signals of
+// the call into Done: in-flight count, outlier detection, the retry
+// interceptor's record of attempts.
+func (p *picker) use(x *cand, info balancer.PickInfo, c *call, probe bool) (balancer.PickResult, error) {
+	res, err := x.pk.Pick(info)
+	if err != nil {
+		return res, err
+	}
+	ep := x.ep
+	ep.inflight.Add(1)
+	x.picks.Add(1)
+	at := c.record(ep.key, x.id)
+	next := res.Done
+	sh := p.sh
+	res.Done = func(di balancer.DoneInfo) {
+		ep.inflight.Add(-1)
+		c.finish(at, di)
+		ep.owner.done(ep, sh, di, probe)
+		if next != nil {
+			next(di)
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,62 @@
+package client
+
+import (
+	"google.golang.org/grpc/attributes"
+	"google.golang.org/grpc/resolver"
+
+	"github.com/regcluster/registry/balance"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+// resolverState is what the resolver of service pushes to gRPC for insts
+// (one snapshot of the subscription; known is false before the first): the
+// routable instances as Endpoints (and, for balancers that still read
+// them, Addresses with the weight/zone/health/id balancer attributes),
+// each endpoint carrying a balance.Instance; a balance.Service on the
+// state saying whether a view exists, how many are registered and
+// draining, and the non-routable, non-draining instances that only panic
+// mode may call; and the service config that selects package balance's
+// policy with the service's Policy, so grpc.WithResolvers alone gets it.
+//
+// DRAINING instances are in no list: they never get a new call, and a
+// balancer that is not ours cannot send them one either.
+func resolverState(c *Client, service string, insts []*registryv1.Instance, known bool, cc resolver.ClientConn) resolver.State {
+	svc := &balance.Service{Name: service, Known: known, Metrics: c.metrics, Logger: c.log, LocalZone: c.zone}
+	svc.Registered = len(insts)
+	var st resolver.State
+	for _, in := range insts {
+		if in.GetLifecycle() == registryv1.Lifecycle_LIFECYCLE_DRAINING {
+			svc.Draining++
+			continue
+		}
+		routable := record.Routable(in)
+		bi := balance.Instance{
+			ID: in.Id, Zone: in.Zone, Weight: record.EffectiveWeight(in), Health: in.GetHealth().GetState(),
+			Lifecycle: in.GetLifecycle(), Routable: routable,
+		}
+		if ts := in.GetRoutableSince(); ts != nil {
+			bi.RoutableSince = ts.AsTime()
+		}
+		ep := balance.WithInstance(resolver.Endpoint{Addresses: []resolver.Address{{Addr: in.Address}}}, bi)
+		if !routable {
+			svc.Standby = append(svc.Standby, ep)
+			continue
+		}
+		st.Endpoints = append(st.Endpoints, ep)
+		attrs := attributes.New(AttrWeight, bi.Weight).
+			WithValue(AttrZone, in.Zone).
+			WithValue(AttrHealth, bi.Health).
+			WithValue(AttrID, in.Id)
+		st.Addresses = append(st.Addresses, resolver.Address{Addr: in.Address, BalancerAttributes: attrs})
+	}
+	st = balance.WithService(st, svc)
+	if sc, err := balance.ServiceConfig(c.policyFor(service)); err == nil {
+		if pr := cc.ParseServiceConfig(sc); pr != nil && pr.Err == nil {
+			st.ServiceConfig = pr
+		} else if pr != nil {
+			c.log.Warn("service config not pushed", "service", service, "error", pr.Err)
+		}
+	}
+	return st
+}

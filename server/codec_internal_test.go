@@ -1,0 +1,55 @@
+package server
+
+import (
+	"testing"
+
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
+)
+
+func decode(t *testing.T, b []byte) (*registryv1.GetRequest, *record.FieldError) {
+	t.Helper()
+	c := requestCodec{base: encoding.GetCodecV2(protoenc.Name)}
+	var m registryv1.GetRequest
+	if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &m); err != nil {
+		t.Fatalf("the codec returned %v: grpc-go would make it Internal", err)
+	}
+	return &m, marked(&m)
+}
+
+func TestCodecMarks(t *testing.T) {
+	good, err := proto.Marshal(&registryv1.GetRequest{Service: "orders", Id: "o-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Unknown fields of a good request are no mark.
+	good = protowire.AppendBytes(protowire.AppendTag(good, 99, protowire.BytesType), []byte("x"))
+	if m, fe := decode(t, good); fe != nil || m.Service != "orders" || m.Id != "o-1" {
+		t.Fatalf("good request decoded to %v, mark %v", m, fe)
+	}
+	bad := protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "o\xff")
+	if m, fe := decode(t, bad); fe == nil || fe.Field != "id" || fe.Reason != "not valid UTF-8" || m.Id != "" {
+		t.Fatalf("bad request decoded to %v, mark %v", m, fe)
+	}
+	// No bytes that start as a mark decode, so no decoded message's
+	// unknown fields start as one.
+	for _, rest := range [][]byte{nil, {0x00}, {0x01}, {0x05, 'a', 'b', 'c', 'd', 'e'}, {0x02, 0x08, 0x01}} {
+		if err := proto.Unmarshal(append([]byte{undecodable}, rest...), &registryv1.GetRequest{}); err == nil {
+			t.Fatalf("% x decodes: a client could forge a mark", append([]byte{undecodable}, rest...))
+		}
+	}
+	// A client that sends a mark's bytes forges nothing: they do not
+	// decode, and the mark says so, not what the client wrote.
+	var forged registryv1.GetRequest
+	mark(&forged, &record.FieldError{Field: "service", Reason: "forged"})
+	raw := forged.ProtoReflect().GetUnknown()
+	if _, fe := decode(t, raw); fe == nil || fe.Field != "request" || fe.Reason == "forged" {
+		t.Fatalf("forged mark decoded to %+v", fe)
+	}
+}
