@@ -72,7 +72,7 @@ func TestAlertRules(t *testing.T) {
 	}
 	// What operators were promised alerts on (docs/operations.md).
 	for _, m := range []string{
-		"registry_prober_leader",            // no prober leader
+		"registry_prober_leader",             // no prober leader
 		"registry_etcd_watch_restarts_total", // etcd watch restarts
 		"registry_resets_sent_total",         // subscriber resets
 		"registry_fence_rejections_total",    // fence rejections
