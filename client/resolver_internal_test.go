@@ -2,12 +2,15 @@ package client
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/attributes"
 	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/serviceconfig"
 
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/regnodetest"
@@ -26,6 +29,12 @@ func (c *revConn) UpdateState(s resolver.State) error {
 	defer c.mu.Unlock()
 	c.revs = append(c.revs, StateRevision(s))
 	return nil
+}
+
+// ParseServiceConfig refuses the service config, as a ClientConn with
+// service configs disabled would: the resolver pushes the state without it.
+func (c *revConn) ParseServiceConfig(string) *serviceconfig.ParseResult {
+	return &serviceconfig.ParseResult{Err: errors.New("revConn parses no service config")}
 }
 
 func (c *revConn) pushed(rev int64) bool {
@@ -74,8 +83,8 @@ func TestResolveNowResyncsAnUnhealthySubscriptionOnce(t *testing.T) {
 	for len(r.now) > 0 {
 		time.Sleep(time.Millisecond)
 	}
-	const marker = 1 << 40
-	r.offer(view{epoch: 1 << 20, rev: marker})
+	const marker int64 = 1 << 40
+	r.offer(view{epoch: 1 << 20, rev: marker, state: resolver.State{Attributes: attributes.New(AttrRevision, marker)}})
 	for !fc.pushed(marker) {
 		if ctx.Err() != nil {
 			t.Fatal("the resolver's goroutine never pushed the marker view")

@@ -317,6 +317,9 @@ func TestResolverUpdatesInRevisionOrder(t *testing.T) {
 	c := newClient(t, rn.Addr)
 	cc, err := grpc.NewClient("registry:///orders", grpc.WithResolvers(c.ResolverBuilder()),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// The resolver pushes our policy's service config; disabled, the
+		// recorder given here is used instead.
+		grpc.WithDisableServiceConfig(),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"`+recorderName+`":{}}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -333,7 +336,12 @@ func TestResolverUpdatesInRevisionOrder(t *testing.T) {
 	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", 20000+i) }
 	// The subscription is up before the race starts (its first, empty
 	// state reached grpc), so every ResolveNow below meets a healthy one.
-	waitFor(t, 10*time.Second, "the first state", func() bool { return len(rec.recorded()) > 0 })
+	// (The resolver's very first state, pushed at Build before any
+	// snapshot, has revision 0: it says the list is not known yet.)
+	waitFor(t, 10*time.Second, "the first state", func() bool {
+		revs := rec.revisions()
+		return len(revs) > 0 && revs[len(revs)-1] > 0
+	})
 	ended := watchStreamsEnded(t, rn)
 
 	var (

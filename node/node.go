@@ -152,7 +152,8 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg     Config
 	log     *slog.Logger
-	etcd    *embedded.Member // nil when external
+	etcd    *embedded.Member  // nil when external
+	dataDir *embedded.DataDir // the embedded member's, held from Start to Close
 	cli     *clientv3.Client
 	grpc    *grpc.Server
 	health  *grpchealth.Server
@@ -204,10 +205,31 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	defer func() {
 		if err != nil {
 			n.shutdown()
+			n.dataDir.Discard() // a failed start leaves no half-made data dir
 		}
 	}()
 
+	// What can be refused at once (the data dir, the ports) is checked
+	// before etcd writes a byte: a second regnode on the same data dir, or
+	// a port in use, fails here and leaves the disk as it was. The ports
+	// are only tried, not kept: a client that reached a listener with no
+	// server behind it would wait there instead of trying another regnode.
 	endpoints := cfg.EtcdEndpoints
+	if len(endpoints) == 0 {
+		if n.dataDir, err = embedded.LockDataDir(cfg.Embed.Dir); err != nil {
+			return nil, err
+		}
+		cfg.Embed.DataDir = n.dataDir
+	}
+	if err := portFree("API", cfg.Listen); err != nil {
+		return nil, err
+	}
+	if cfg.MetricsListen != "off" {
+		if err := portFree("metrics", cfg.MetricsListen); err != nil {
+			return nil, err
+		}
+	}
+
 	if len(endpoints) == 0 {
 		if cfg.Embed.Logger == nil {
 			cfg.Embed.Logger = cfg.Logger
@@ -244,6 +266,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("etcd client of %v: %w", endpoints, err)
 	}
 	// Fail now, not on the first call, if etcd is not reachable.
+	n.log.Info("waiting for etcd to answer", "endpoints", endpoints)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	_, err = n.cli.Get(pctx, "health-probe")
 	cancel()
@@ -278,6 +301,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.serveErr <- fmt.Errorf("fan-out: %w", err)
 		}
 	}()
+	m.WatchInstances(n.hub.Cache().Snapshot)
 	if err := n.startProber(cfg, st); err != nil {
 		return nil, err
 	}
@@ -292,7 +316,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
 		grpc.KeepaliveParams(keepaliveServer),
-		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor()),
+		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor(), n.noSpaceLog()),
 		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
 	}, server.DecodeOptions()...)...)
 	registryv1.RegisterRegistryServer(n.grpc, api)
@@ -379,7 +403,18 @@ func (n *Node) shutdown() error {
 	}
 	if n.stopEl != nil {
 		n.stopEl() // resigns: another regnode takes over probing at once
-		<-n.elDone
+		t := time.NewTimer(n.cfg.ShutdownGrace)
+		select {
+		case <-n.elDone:
+		case <-t.C:
+			// Opening an election session waits on etcd for as long as
+			// the client lives: with etcd unreachable only closing the
+			// client ends it (a second Close below is harmless).
+			n.log.Warn("election still waiting on etcd; closing the etcd client to stop it")
+			n.cli.Close()
+			<-n.elDone
+		}
+		t.Stop()
 	}
 	if n.probe != nil {
 		n.probe.Close()
@@ -421,7 +456,12 @@ func (n *Node) shutdown() error {
 	if n.etcd != nil {
 		n.etcd.Close() // flushes and closes the member's WAL and backend
 	}
-	n.log.Info("regnode stopped", "node", n.cfg.Name)
+	if err := n.dataDir.Unlock(); err != nil {
+		errs = append(errs, err)
+	}
+	if n.grpc != nil { // it served: say it stopped
+		n.log.Info("regnode stopped", "node", n.cfg.Name)
+	}
 	return errors.Join(errs...)
 }
 
@@ -483,4 +523,13 @@ func (n *Node) leader(ctx context.Context) string {
 		return ""
 	}
 	return l.Name
+}
+
+// portFree fails if addr cannot be listened on now (port 0 always can).
+func portFree(what, addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen for the %s on %s: %w", what, addr, err)
+	}
+	return l.Close()
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -90,6 +92,42 @@ func TestThreeEmbeddedMembers(t *testing.T) {
 	defer cancel()
 	if _, err := r3.Drain(cctx, &registryv1.DrainRequest{Service: "orders", Id: "o-1", Reason: "n1 down"}); err != nil {
 		t.Fatalf("drain with one member down: %v", err)
+	}
+}
+
+// A second node on the data dir of a running one is refused with
+// ErrDataDirInUse (errors.Is), leaves the first one's files alone, and the
+// first one goes on serving.
+func TestDataDirInUseIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := func() node.Config {
+		return node.Config{Listen: "127.0.0.1:0", MetricsListen: "off", Logger: quiet, ShutdownGrace: 200 * time.Millisecond,
+			Embed: embedded.Config{Name: "n1", Dir: dir, UnsafeNoFsync: true,
+				ListenClientURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))},
+				ListenPeerURLs:   []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))}}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	first, err := node.Start(ctx, cfg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	second, err := node.Start(ctx, cfg())
+	if !errors.Is(err, embedded.ErrDataDirInUse) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), embedded.LockFileName) {
+		if second != nil {
+			second.Close()
+		}
+		t.Fatalf("second node on %s: %v, want ErrDataDirInUse naming it and its lock", dir, err)
+	}
+	for _, f := range []string{embedded.LockFileName, "member/snap/db", "member/wal"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("the refused node touched the first one's %s: %v", f, err)
+		}
+	}
+	if _, err := first.Etcd().Put(ctx, "still", "serving"); err != nil {
+		t.Fatalf("first node after the refusal: %v", err)
 	}
 }
 

@@ -90,6 +90,8 @@ func toStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
+	case noSpace(err):
+		return noSpaceStatus(err)
 	case errors.Is(err, rpctypes.ErrNoLeader), errors.Is(err, rpctypes.ErrTimeout):
 		return status.Error(codes.Unavailable, err.Error())
 	}
@@ -138,6 +140,9 @@ func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) 
 	reg, err := s.st.Register(ctx, req.Instance, ttl)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if reg.Replaced {
+		s.m.ReRegistrations.Inc()
 	}
 	s.log.Debug("registered", "service", reg.Instance.Service, "id", reg.Instance.Id,
 		"address", reg.Instance.Address, "lease", fmt.Sprintf("%x", reg.LeaseID), "revision", reg.Revision)

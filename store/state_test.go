@@ -90,6 +90,9 @@ func TestLostLeaseKeepsLifecycleAndHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !reg.Replaced {
+		t.Error("coming back after a lost lease is not reported as a re-registration")
+	}
 	got := storedRecord(t, s, "orders", "a")
 	if got.Lifecycle != draining || got.LifecycleReason != "rack 7 maintenance" {
 		t.Errorf("re-registered record is %v %q, want DRAINING %q", got.Lifecycle, got.LifecycleReason, "rack 7 maintenance")
@@ -160,8 +163,10 @@ func TestNewIncarnationStartsAfresh(t *testing.T) {
 	loseLease(t, s, cli, "orders", "a")
 	fresh := inst("orders", "a")
 	fresh.Incarnation = "new-process"
-	if _, err := s.Register(ctx, fresh, 0); err != nil {
+	if reg, err := s.Register(ctx, fresh, 0); err != nil {
 		t.Fatal(err)
+	} else if reg.Replaced {
+		t.Error("a new incarnation is reported as a re-registration")
 	}
 	got := storedRecord(t, s, "orders", "a")
 	if got.Lifecycle != serving || got.LifecycleReason != "" || got.Health != nil {

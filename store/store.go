@@ -95,6 +95,10 @@ type Registration struct {
 	TTL      time.Duration
 	Revision int64
 	Instance *registryv1.Instance
+	// Replaced says this was a re-registration of the same incarnation:
+	// it replaced its own record still alive under an older lease, or came
+	// back after its lease was lost (its saved state was carried over).
+	Replaced bool
 }
 
 // Register validates inst, grants a lease of ttl (0 means the default) and
@@ -156,11 +160,13 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 		var prev *registryv1.Instance // the live record replaced, if any: its routable_since carries over
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(skey), "=", stateRev)}
 		var oldLease int64
+		rereg := false // the same incarnation again: its live record, or its saved state after a lost lease
 		if len(ikvs) == 0 {
 			// First registration, or the lease was lost: the saved state
 			// is all that is left of the previous record.
 			if saved != nil && inst.Incarnation != "" && saved.Incarnation == inst.Incarnation {
 				s.carry(key, inst, saved)
+				rereg = true
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
 		} else {
@@ -177,6 +183,7 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 				// holds the current lifecycle and health.
 				s.carry(key, inst, old)
 				prev = old
+				rereg = true
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
 			oldLease = kv.Lease
@@ -212,7 +219,9 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 		if oldLease != 0 && oldLease != int64(lease) {
 			s.revoke(clientv3.LeaseID(oldLease))
 		}
-		return s.registered(inst, lease, ttl, resp.Header.Revision), nil
+		reg := s.registered(inst, lease, ttl, resp.Header.Revision)
+		reg.Replaced = rereg
+		return reg, nil
 	}
 }
 

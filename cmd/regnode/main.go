@@ -2,7 +2,9 @@
 // single-member etcd (data in ./regnode.data) and serves the registry.v1 API
 // on 127.0.0.1:7400; --etcd-endpoints makes it a client of an external etcd
 // cluster instead. Every flag can also be set as REGNODE_<FLAG> (upper case,
-// '-' as '_'). SIGINT or SIGTERM stops it cleanly with exit status 0.
+// '-' as '_'). SIGINT or SIGTERM stops it cleanly with exit status 0, at any
+// stage of start-up too; a second signal while it stops ends it at once.
+// A data dir another regnode holds is refused at once (exit 1, naming it).
 package main
 
 import (
@@ -77,6 +79,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "gRPC API address host:port")
 	f.StringVar(&cfg.Embed.Dir, "data-dir", cfg.Embed.Dir, "embedded etcd data directory")
+	f.Int64Var(&cfg.Embed.QuotaBackendBytes, "quota-backend-bytes", 0, "embedded etcd's space quota in bytes (0: etcd's 2 GiB); past it writes get ResourceExhausted, reads go on")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "use this external etcd cluster (URL,...); embed nothing")
 	f.StringVar(&cfg.Name, "name", "", "member name when embedding; also this regnode's name (default \"default\")")
 	f.StringVar(&cfg.Embed.InitialCluster, "initial-cluster", "", "members of the embedded cluster, NAME=PEER_URL,...")
@@ -106,6 +109,9 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// After the first signal the default action comes back, so a second
+	// one ends a stop that hangs (an etcd that will not close).
+	context.AfterFunc(ctx, stop)
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "regnode: %v\n", err)
 		var ue usageError
@@ -121,6 +127,12 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 func serve(ctx context.Context, cfg node.Config) error {
 	n, err := node.Start(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil {
+			// A signal during start-up is a clean stop, whatever stage
+			// start-up had reached (Start undid it).
+			cfg.Logger.Info("signal received during start-up; stopped", "stage_err", err)
+			return nil
+		}
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "regnode %s: registry API on %s, metrics on %s\n", n.Name(), n.Addr(), orOff(n.MetricsAddr()))

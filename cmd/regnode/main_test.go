@@ -3,12 +3,15 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,8 +19,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/internal/etcdtest"
@@ -224,5 +229,299 @@ func TestUnreachableEtcdFails(t *testing.T) {
 	}
 	if !strings.Contains(p.stderr.String(), "does not answer") {
 		t.Fatalf("stderr:\n%s", p.stderr)
+	}
+}
+
+// embeddedEnv configures a regnode that embeds one etcd member with its data
+// in dir, every port its own.
+func embeddedEnv(t *testing.T, dir string) map[string]string {
+	return map[string]string{
+		"REGNODE_LISTEN":             fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t)),
+		"REGNODE_METRICS_LISTEN":     fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t)),
+		"REGNODE_DATA_DIR":           dir,
+		"REGNODE_NAME":               "n1",
+		"REGNODE_LISTEN_CLIENT_URLS": fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t)),
+		"REGNODE_LISTEN_PEER_URLS":   fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t)),
+	}
+}
+
+// waitStderr waits until the process has written want to stderr (or has
+// exited without it).
+func (p *proc) waitStderr(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(p.stderr.String(), want) {
+		select {
+		case <-p.done:
+			t.Fatalf("regnode exited (%d) without saying %q; stderr:\n%s", p.cmd.ProcessState.ExitCode(), want, p.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("regnode did not say %q in 60s; stderr:\n%s", want, p.stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A second regnode on a data dir another one is using exits non-zero at
+// once, naming the directory, instead of waiting forever in bbolt's flock;
+// the first one goes on serving. Whoever else holds etcd's backend file (an
+// etcdutl, an older regnode) is refused the same way.
+func TestDataDirInUseFailsLoudly(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	first := embeddedEnv(t, dir)
+	p1 := start(t, first)
+	cc := dial(t, first["REGNODE_LISTEN"])
+	waitServing(t, cc, p1)
+
+	p2 := start(t, embeddedEnv(t, dir))
+	if code := p2.wait(t, 30*time.Second); code != 1 {
+		t.Fatalf("second regnode on %s: exit %d, want 1; stderr:\n%s", dir, code, p2.stderr)
+	}
+	if msg := p2.stderr.String(); !strings.Contains(msg, "data directory is in use: "+dir) || !strings.Contains(msg, "regnode.lock is locked") {
+		t.Fatalf("second regnode's stderr does not name %s as in use by a regnode:\n%s", dir, msg)
+	}
+	waitServing(t, cc, p1)
+	if err := p1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p1.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("first regnode: exit %d after SIGTERM; stderr:\n%s", code, p1.stderr)
+	}
+
+	// Another process holds the backend as bbolt does (flock on
+	// member/snap/db), not our lock file.
+	db, err := os.Open(filepath.Join(dir, "member", "snap", "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := syscall.Flock(int(db.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	p3 := start(t, embeddedEnv(t, dir))
+	if code := p3.wait(t, 30*time.Second); code != 1 {
+		t.Fatalf("regnode on a held backend: exit %d, want 1; stderr:\n%s", code, p3.stderr)
+	}
+	if msg := p3.stderr.String(); !strings.Contains(msg, "data directory is in use: "+dir) || !strings.Contains(msg, "member/snap/db") {
+		t.Fatalf("stderr does not name %s and its held backend:\n%s", dir, msg)
+	}
+}
+
+// SIGTERM stops a regnode that is still starting, with exit 0, whatever
+// it is waiting for: its embedded member to join a cluster whose other
+// member never comes, or an external etcd that does not answer.
+func TestSignalDuringStartupStopsCleanly(t *testing.T) {
+	t.Run("embedded member waiting for its cluster", func(t *testing.T) {
+		env := embeddedEnv(t, filepath.Join(t.TempDir(), "data"))
+		env["REGNODE_INITIAL_CLUSTER"] = fmt.Sprintf("n1=%s,n2=http://127.0.0.1:%d", env["REGNODE_LISTEN_PEER_URLS"], etcdtest.FreePort(t))
+		p := start(t, env)
+		p.waitStderr(t, "waiting for the embedded etcd member to join its cluster")
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := p.wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("exit %d after SIGTERM during start-up; stderr:\n%s", code, p.stderr)
+		}
+		if !strings.Contains(p.stderr.String(), "signal received during start-up") {
+			t.Fatalf("stderr does not say why it stopped:\n%s", p.stderr)
+		}
+	})
+	t.Run("external etcd not answering", func(t *testing.T) {
+		p := start(t, map[string]string{"REGNODE_ETCD_ENDPOINTS": fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t)),
+			"REGNODE_LISTEN": "127.0.0.1:0", "REGNODE_METRICS_LISTEN": "off"})
+		p.waitStderr(t, "waiting for etcd to answer")
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := p.wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("exit %d after SIGTERM during start-up; stderr:\n%s", code, p.stderr)
+		}
+	})
+}
+
+// A port already in use fails start-up before anything is written: a data
+// dir that did not exist still does not, and one that did (empty) is
+// neither removed nor filled.
+func TestPortInUseLeavesNoDataDir(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, port := range []string{"REGNODE_LISTEN", "REGNODE_METRICS_LISTEN", "REGNODE_LISTEN_CLIENT_URLS"} {
+		for _, existing := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s existing=%v", port, existing), func(t *testing.T) {
+				dir := filepath.Join(t.TempDir(), "data")
+				if existing {
+					if err := os.Mkdir(dir, 0o700); err != nil {
+						t.Fatal(err)
+					}
+				}
+				env := embeddedEnv(t, dir)
+				env[port] = busy.Addr().String()
+				if port == "REGNODE_LISTEN_CLIENT_URLS" {
+					env[port] = "http://" + busy.Addr().String()
+				}
+				p := start(t, env)
+				if code := p.wait(t, 30*time.Second); code != 1 {
+					t.Fatalf("exit %d, want 1; stderr:\n%s", code, p.stderr)
+				}
+				if !strings.Contains(p.stderr.String(), busy.Addr().String()) {
+					t.Fatalf("stderr does not name the busy address %s:\n%s", busy.Addr(), p.stderr)
+				}
+				entries, err := os.ReadDir(dir)
+				switch {
+				case !existing && !errors.Is(err, os.ErrNotExist):
+					t.Fatalf("data dir %s left behind (%v): %v", dir, err, entries)
+				case existing && (err != nil || len(entries) != 0):
+					t.Fatalf("pre-existing data dir %s: %v, holds %v; want it kept, empty", dir, err, entries)
+				}
+			})
+		}
+	}
+}
+
+// Past etcd's space quota (--quota-backend-bytes) a write gets
+// ResourceExhausted saying etcd is out of space, the log says so, reads go
+// on answering with everything written before, and deletes go through.
+func TestQuotaExhaustedRefusesWritesServesReads(t *testing.T) {
+	env := embeddedEnv(t, filepath.Join(t.TempDir(), "data"))
+	env["REGNODE_QUOTA_BACKEND_BYTES"] = strconv.Itoa(1 << 20)
+	p := start(t, env)
+	cc := dial(t, env["REGNODE_LISTEN"])
+	waitServing(t, cc, p)
+	reg := registryv1.NewRegistryClient(cc)
+	ctx := context.Background()
+	meta := map[string]string{}
+	for i := range 14 {
+		meta[fmt.Sprintf("k%d", i)] = strings.Repeat("x", 1000)
+	}
+	registered := 0
+	var refused error
+	for i := 0; i < 1000 && refused == nil; i++ {
+		_, err := reg.Register(ctx, &registryv1.RegisterRequest{
+			Instance: &registryv1.Instance{Service: "big", Id: fmt.Sprintf("b-%d", i), Address: "10.0.0.1:80", Metadata: meta},
+			Ttl:      durationpb.New(time.Hour)})
+		if err != nil {
+			refused = err
+			break
+		}
+		registered++
+	}
+	if refused == nil {
+		t.Fatalf("1000 registrations of 14 KB fit in a 1 MiB quota")
+	}
+	if status.Code(refused) != codes.ResourceExhausted || !strings.Contains(refused.Error(), "out of space") {
+		t.Fatalf("write past the quota: %v, want ResourceExhausted saying etcd is out of space", refused)
+	}
+	if registered == 0 {
+		t.Fatal("the quota refused the first write: nothing to read back")
+	}
+	l, err := reg.List(ctx, &registryv1.ListRequest{Service: "big"})
+	if err != nil {
+		t.Fatalf("List past the quota: %v", err)
+	}
+	if len(l.Instances) != registered {
+		t.Fatalf("List past the quota: %d instances, %d were registered", len(l.Instances), registered)
+	}
+	if _, err := reg.Get(ctx, &registryv1.GetRequest{Service: "big", Id: "b-0"}); err != nil {
+		t.Fatalf("Get past the quota: %v", err)
+	}
+	// Deletes free space and etcd lets them through.
+	if _, err := reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: "big", Id: "b-0"}); err != nil {
+		t.Fatalf("Deregister past the quota: %v", err)
+	}
+	if _, err := reg.Get(ctx, &registryv1.GetRequest{Service: "big", Id: "b-0"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("Get of a deregistered instance past the quota: %v, want NotFound", err)
+	}
+	p.waitStderr(t, "etcd is out of space")
+}
+
+// SIGTERM stops a regnode whose etcd went away while it was between
+// election terms (opening a new session waits on etcd for as long as the
+// client lives), with exit 0.
+func TestSignalWhileEtcdUnreachableStopsCleanly(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	px := etcdtest.NewProxy(t, m.ClientURL)
+	api := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+	p := start(t, map[string]string{"REGNODE_ETCD_ENDPOINTS": px.URL(), "REGNODE_LISTEN": api,
+		"REGNODE_METRICS_LISTEN": "off", "REGNODE_SESSION_TTL": "2s", "REGNODE_SHUTDOWN_GRACE": "500ms"})
+	waitServing(t, dial(t, api), p)
+	p.waitStderr(t, "msg=leading")
+	px.Cut()
+	p.waitStderr(t, "leadership term ended")
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM with etcd unreachable; stderr:\n%s", code, p.stderr)
+	}
+}
+
+// A disk that fills up (a small tmpfs, mounted in a user namespace of the
+// regnode's own) stops the regnode with a non-zero exit and a log line that
+// says so: etcd cannot write its WAL or backend and exits, it has no
+// read-only mode for that. Skipped where user namespaces are not allowed.
+func TestFullDiskFailsLoudly(t *testing.T) {
+	if err := exec.Command("unshare", "-rm", "true").Run(); err != nil {
+		t.Skipf("no user namespaces here (unshare -rm: %v)", err)
+	}
+	dir := t.TempDir()
+	env := embeddedEnv(t, filepath.Join(dir, "data"))
+	// etcd preallocates 64 MiB WAL segments, the current one and the next:
+	// leave room for both and 32 MiB more, no quota, so the WAL or the
+	// backend runs into the end of the disk while the regnode serves.
+	script := fmt.Sprintf("mount -t tmpfs -o size=160m tmpfs %s && exec %s", dir, binary)
+	cmd := exec.Command("unshare", "-rm", "sh", "-c", script)
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	cc := dial(t, env["REGNODE_LISTEN"])
+	waitServing(t, cc, p)
+	reg := registryv1.NewRegistryClient(cc)
+	meta := map[string]string{}
+	for i := range 14 {
+		meta[fmt.Sprintf("k%d", i)] = strings.Repeat("x", 1000)
+	}
+	exited := func() bool {
+		select {
+		case <-p.done:
+			return true
+		default:
+			return false
+		}
+	}
+	var last error
+	written := 0
+	for i := 0; i < 5000 && !exited(); i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, last = reg.Register(ctx, &registryv1.RegisterRequest{
+			Instance: &registryv1.Instance{Service: "big", Id: fmt.Sprintf("b-%d", i), Address: "10.0.0.1:80", Metadata: meta},
+			Ttl:      durationpb.New(time.Hour)})
+		cancel()
+		if last == nil {
+			written++
+		}
+	}
+	code := p.wait(t, 60*time.Second)
+	t.Logf("exit %d after %d writes of 14 KB; last write: %v", code, written, last)
+	if code == 0 || !strings.Contains(p.stderr.String(), "no space left on device") {
+		t.Fatalf("full disk: exit %d, want non-zero with a line saying no space left; stderr:\n%s", code, p.stderr)
 	}
 }

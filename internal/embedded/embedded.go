@@ -44,22 +44,36 @@ type Config struct {
 	// ProgressNotifyInterval is how often idle watchers hear progress
 	// (default 5s).
 	ProgressNotifyInterval time.Duration
-	// Logger receives etcd's own logs at LogLevel and above (default:
-	// etcd's own zap logger on stderr).
+	// Logger receives etcd's own logs at LogLevel and above, and Start's
+	// progress at info (default: etcd's own zap logger on stderr; progress
+	// is then not logged).
 	Logger *slog.Logger
+	// DataDir, if set, is Dir already locked by the caller (LockDataDir),
+	// who then unlocks or discards it after the member closes. If nil,
+	// Start locks Dir itself and the member's Close unlocks it.
+	DataDir *DataDir
+	// QuotaBackendBytes is etcd's space quota (--quota-backend-bytes; 0:
+	// etcd's default of 2 GiB). Past it etcd raises the NOSPACE alarm and
+	// refuses writes that add data, while reads and deletes go on.
+	QuotaBackendBytes int64
 }
 
 // Member is a running embedded etcd member.
 type Member struct {
 	*embed.Etcd
 	closing *atomic.Bool
+	dir     *DataDir // unlocked by Close when Start locked it
 }
 
-// Close stops the member, quietly: the errors etcd logs about its own
-// listeners closing are dropped.
+// Close stops the member, quietly (the errors etcd logs about its own
+// listeners closing are dropped), and releases its data directory if
+// Start locked it.
 func (m *Member) Close() {
 	m.closing.Store(true)
 	m.Etcd.Close()
+	if m.dir != nil {
+		m.dir.Unlock()
+	}
 }
 
 func (c *Config) defaults() {
@@ -119,12 +133,27 @@ func parseURLs(field string, ss []string) ([]url.URL, error) {
 
 // Start starts the member and waits until it serves clients, ctx is done,
 // or ReadyTimeout passes. The caller closes the returned member.
-func Start(ctx context.Context, c Config) (*Member, error) {
+//
+// Start fails at once, with an error wrapping ErrDataDirInUse, if another
+// process holds the data directory. If it fails for any reason it leaves
+// the directory as it found it when etcd never ran on it (a port in use,
+// a bad setting): see DataDir.Discard.
+func Start(ctx context.Context, c Config) (_ *Member, err error) {
 	c.defaults()
+	dir := c.DataDir
+	if dir == nil {
+		if dir, err = LockDataDir(c.Dir); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				dir.Discard()
+			}
+		}()
+	}
 	cfg := embed.NewConfig()
 	cfg.Name = c.Name
-	cfg.Dir = c.Dir
-	var err error
+	cfg.Dir = dir.Path()
 	if cfg.ListenClientUrls, err = parseURLs("listen-client-urls", c.ListenClientURLs); err != nil {
 		return nil, err
 	}
@@ -143,35 +172,59 @@ func Start(ctx context.Context, c Config) (*Member, error) {
 	cfg.LogLevel = c.LogLevel
 	cfg.UnsafeNoFsync = c.UnsafeNoFsync
 	cfg.WatchProgressNotifyInterval = c.ProgressNotifyInterval
+	cfg.QuotaBackendBytes = c.QuotaBackendBytes
 	// One process, many members in tests: never share the default metrics
 	// endpoints or the process-wide zap globals.
 	cfg.Metrics = "basic"
 	closing := &atomic.Bool{}
+	progress := slog.New(slog.DiscardHandler)
 	if c.Logger != nil {
 		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapslog.New(c.Logger, c.LogLevel, closing))
+		progress = c.Logger
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("embedded etcd %s: %w", c.Name, err)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("embedded etcd %s: not started: %w", c.Name, err)
+	}
+	progress.Info("starting embedded etcd member", "name", c.Name, "data_dir", cfg.Dir)
+	// StartEtcd cannot be cancelled, but it no longer waits on anything
+	// unbounded: the one wait without an end (bbolt's flock) was ruled out
+	// by LockDataDir. Waiting for the cluster, below, is where time goes.
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("start embedded etcd %s in %s: %w", c.Name, c.Dir, err)
+		return nil, fmt.Errorf("start embedded etcd %s in %s: %w", c.Name, cfg.Dir, err)
 	}
+	dir.used = true // etcd ran on it: never discard what it wrote
+	progress.Info("waiting for the embedded etcd member to join its cluster", "name", c.Name, "initial_cluster", c.InitialCluster)
 	t := time.NewTimer(c.ReadyTimeout)
 	defer t.Stop()
 	select {
 	case <-e.Server.ReadyNotify():
-		return &Member{Etcd: e, closing: closing}, nil
+		m := &Member{Etcd: e, closing: closing}
+		if c.DataDir == nil {
+			m.dir = dir
+		}
+		return m, nil
 	case err := <-e.Err():
-		e.Close()
+		abort(e, closing)
 		return nil, fmt.Errorf("embedded etcd %s failed while starting: %w", c.Name, err)
 	case <-ctx.Done():
-		e.Close()
-		return nil, fmt.Errorf("embedded etcd %s: %w", c.Name, ctx.Err())
+		abort(e, closing)
+		return nil, fmt.Errorf("embedded etcd %s: stopped while waiting to join its cluster: %w", c.Name, ctx.Err())
 	case <-t.C:
-		e.Server.Stop()
-		e.Close()
+		abort(e, closing)
 		return nil, fmt.Errorf("embedded etcd %s: %w after %s (are the other members of %q up?)",
 			c.Name, errors.New("not ready"), c.ReadyTimeout, c.InitialCluster)
 	}
+}
+
+// abort stops a member that never became ready. The server is stopped
+// first: Etcd.Close alone waits for client servers that only start once
+// the member is ready, so it would wait forever.
+func abort(e *embed.Etcd, closing *atomic.Bool) {
+	closing.Store(true)
+	e.Server.HardStop()
+	e.Close()
 }

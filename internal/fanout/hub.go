@@ -45,7 +45,7 @@ type Config struct {
 	// that falls further behind is reset (default 1024).
 	QueueSize int
 	// CatchUpTimeout bounds how long a subscriber ahead of this regnode
-	// waits for it (default 5s).
+	// waits for it (default 2s: below the SDK's 3 s receive deadline).
 	CatchUpTimeout time.Duration
 	// ProgressInterval is passed to the watcher (default 1s).
 	ProgressInterval time.Duration
@@ -95,7 +95,7 @@ func New(cfg Config) (*Hub, error) {
 		cfg.QueueSize = 1024
 	}
 	if cfg.CatchUpTimeout <= 0 {
-		cfg.CatchUpTimeout = 5 * time.Second
+		cfg.CatchUpTimeout = 2 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -14,12 +14,14 @@ import (
 )
 
 // Metrics are the counters regnode keeps. Every field is safe for
-// concurrent use.
+// concurrent use. registry_instances is not a field: it is counted from a
+// cache view at scrape time (see WatchInstances).
 type Metrics struct {
 	// Registry is what /metrics serves.
 	Registry *prometheus.Registry
 
 	Registrations      prometheus.Counter
+	ReRegistrations    prometheus.Counter     // replaced the instance's own live record (same incarnation)
 	RegistrationErrors *prometheus.CounterVec // by gRPC code
 	KeepAlives         prometheus.Counter
 	KeepAliveLost      prometheus.Counter
@@ -50,6 +52,7 @@ func New() *Metrics {
 	m := &Metrics{
 		Registry:           r,
 		Registrations:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_registrations_total", Help: "Instances registered (each lease granted and put)."}),
+		ReRegistrations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_reregistrations_total", Help: "Registers that replaced the instance's own record still alive under an older lease (same incarnation)."}),
 		RegistrationErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_registration_errors_total", Help: "Registrations refused or failed, by gRPC code."}, []string{"code"}),
 		KeepAlives:         prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_keepalives_total", Help: "Lease renewals served."}),
 		KeepAliveLost:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_keepalive_lost_total", Help: "Renewals of leases that no longer exist (the instance must register again)."}),
@@ -71,7 +74,7 @@ func New() *Metrics {
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_requests_total", Help: "API calls, by method and gRPC code."}, []string{"method", "code"}),
 		RequestSeconds:     prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "registry_request_seconds", Help: "Latency of unary API calls.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"method"}),
 	}
-	r.MustRegister(m.Registrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
+	r.MustRegister(m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
 		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.ResetsSent, m.WatchRestarts, m.StaleBatches,
 		m.Probes, m.ProbeSeconds, m.Transitions, m.FenceRejections, m.LeaderChanges, m.Leading, m.Requests, m.RequestSeconds)
 	return m
