@@ -76,7 +76,7 @@ func TestAlertRules(t *testing.T) {
 		"registry_etcd_watch_restarts_total", // etcd watch restarts
 		"registry_resets_sent_total",         // subscriber resets
 		"registry_fence_rejections_total",    // fence rejections
-		"registry_health_transitions_total",  // instances UNAVAILABLE
+		"registry_instances",                 // instances UNAVAILABLE
 		"registry_client_no_instance_total",  // clients that cannot call
 	} {
 		if !used[m] {
