@@ -16,8 +16,9 @@ import (
 type Info struct {
 	// Module is the main module's path.
 	Module string `json:"module"`
-	// Version is the main module's version: a tag or pseudo-version for
-	// `go install module@version`, "(devel)" for a build from a work tree.
+	// Version is the main module's version: the tag or pseudo-version of
+	// `go install module@version`, or of the commit a stamped build of a
+	// git checkout was made from; "(devel)" for an unstamped build.
 	Version string `json:"version"`
 	// Revision is the VCS commit, "" when the build was not stamped.
 	Revision string `json:"revision"`
