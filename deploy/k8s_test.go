@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -20,24 +21,38 @@ import (
 )
 
 var (
-	flagsOnce sync.Once
-	flagSet   map[string]bool
-	flagsErr  error
+	// regnodeBin is regnode built from this repository by TestMain.
+	regnodeBin string
+	flagsOnce  sync.Once
+	flagSet    map[string]bool
+	flagsErr   error
 )
 
-// regnodeFlags builds regnode from this repository and returns the long
-// flags its --help lists: the flag set regnode really accepts.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "deploy-regnode-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	regnodeBin = filepath.Join(dir, "regnode")
+	build := exec.Command("go", "build", "-o", regnodeBin, "./cmd/regnode")
+	build.Dir = ".." // the registry's own module
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build regnode: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// regnodeFlags returns the long flags regnode's --help lists: the flag set
+// regnode really accepts.
 func regnodeFlags(t *testing.T) map[string]bool {
 	t.Helper()
 	flagsOnce.Do(func() {
-		bin := filepath.Join(t.TempDir(), "regnode")
-		build := exec.Command("go", "build", "-o", bin, "./cmd/regnode")
-		build.Dir = ".." // the registry's own module
-		if out, err := build.CombinedOutput(); err != nil {
-			flagsErr = fmt.Errorf("build regnode: %v\n%s", err, out)
-			return
-		}
-		out, err := exec.Command(bin, "--help").Output()
+		out, err := exec.Command(regnodeBin, "--help").Output()
 		if err != nil {
 			flagsErr = fmt.Errorf("regnode --help: %v", err)
 			return
