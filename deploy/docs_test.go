@@ -79,3 +79,44 @@ func hasAnchor(text, a string) bool {
 	}
 	return false
 }
+
+// TestDocsRegnodeFlags checks that every flag the README and docs give a
+// regnode command line (a line of a code block running ./bin/regnode, and
+// its continuation lines) is one regnode accepts, so the commands stay
+// true as flags change.
+func TestDocsRegnodeFlags(t *testing.T) {
+	flags := regnodeFlags(t)
+	files, _ := filepath.Glob("../docs/*.md")
+	files = append(files, "../README.md")
+	flag := regexp.MustCompile(`(?:^|\s)--([a-z][a-z0-9-]*)`)
+	seen := 0
+	for _, f := range files {
+		inBlock, inCmd := false, false
+		for _, line := range strings.Split(string(readFile(t, f)), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "```") {
+				inBlock, inCmd = !inBlock, false
+				continue
+			}
+			if !inBlock {
+				continue
+			}
+			if strings.Contains(line, "./bin/regnode ") {
+				inCmd = true
+			}
+			if !inCmd {
+				continue
+			}
+			code, _, _ := strings.Cut(line, "#") // comments are prose
+			for _, m := range flag.FindAllStringSubmatch(code, -1) {
+				seen++
+				if !flags[m[1]] {
+					t.Errorf("%s: %q gives regnode --%s, which it does not accept", filepath.Base(f), strings.TrimSpace(line), m[1])
+				}
+			}
+			inCmd = strings.HasSuffix(strings.TrimSpace(line), "\\")
+		}
+	}
+	if seen < 10 {
+		t.Fatalf("found only %d regnode flags in the docs' commands: the scan is broken", seen)
+	}
+}
