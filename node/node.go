@@ -339,6 +339,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(n.metrics.Registry, promhttp.HandlerOpts{}))
+		if err := n.mountWeb(mux); err != nil { // the JSON API and the dashboard: web.go
+			return nil, err
+		}
 		n.mhttp = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		n.wg.Add(1)
 		go func() {
