@@ -27,10 +27,12 @@ test:
 	go test -race -count=1 -timeout 15m ./...
 	cd deploy && go vet ./... && go test -count=1 ./...
 
-## bench: registration throughput, ours against raw etcd, side by side; then
-## every regbench scenario in its short form (table on stderr, JSON lines in bench.json)
+## bench: registration throughput, ours against raw etcd, side by side; one
+## pick of our balancer against grpc's round_robin; then every regbench
+## scenario in its short form (table on stderr, JSON lines in bench.json)
 bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./server/
+	go test -run '^$$' -bench Pick -benchtime 200000x -count 1 ./balance/
 	go run ./cmd/regbench all -short -json > bench.json
 	go test -run '^$$' -bench . -benchtime 3x -count 1 ./prober/
 

@@ -21,12 +21,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/httpapi"
+	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/regnodetest"
 	"github.com/regcluster/registry/internal/view"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
-	"github.com/regcluster/registry/server"
 )
 
 func TestMain(m *testing.M) {
@@ -445,15 +445,20 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// A snapshot larger than one gRPC message (server.SnapshotChunk
-// instances) is one SSE event, as regctl watch prints it.
+// A snapshot larger than one Watch chunk (chunk.MaxBytes) is one SSE
+// event, as regctl watch prints it.
 func TestWatchSSEJoinsAChunkedSnapshot(t *testing.T) {
 	f := start(t)
 	keys := record.NewKeys(f.rn.Prefix)
-	const n = server.SnapshotChunk + 7
+	// About 13 KiB each: 100 of them are more than one chunk.
+	meta := map[string]string{}
+	for k := range 13 {
+		meta[fmt.Sprintf("k%02d", k)] = strings.Repeat("v", 1000)
+	}
+	n := chunk.MaxBytes/(13*1000) + 20
 	for i := range n {
 		inst := &registryv1.Instance{Service: "bulk", Id: fmt.Sprintf("b-%04d", i), Address: "127.0.0.1:9000",
-			Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING}
+			Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING, Metadata: meta}
 		v, err := record.Encode(inst)
 		if err != nil {
 			t.Fatal(err)

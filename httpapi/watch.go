@@ -3,13 +3,14 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/view"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -67,7 +68,8 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 		a.writeRPCError(w, r, err)
 		return
 	}
-	first, err := recvJoined(stream)
+	var units chunk.Joiner
+	first, err := recvJoined(stream, &units)
 	if err != nil {
 		a.writeRPCError(w, r, err)
 		return
@@ -90,7 +92,7 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 		if err := rc.Flush(); err != nil {
 			return
 		}
-		if m, err = recvJoined(stream); err != nil {
+		if m, err = recvJoined(stream, &units); err != nil {
 			if s := status.Code(err); s != codes.Canceled && r.Context().Err() == nil {
 				a.cfg.Logger.Debug("http watch ended", "service", service, "err", err)
 			}
@@ -104,27 +106,24 @@ type watchStream interface {
 	Recv() (*registryv1.WatchResponse, error)
 }
 
-// recvJoined reads the next message, joining a snapshot sent in chunks
-// (Snapshot.more) into one, as a regctl watch prints it.
-func recvJoined(s watchStream) (*registryv1.WatchResponse, error) {
-	m, err := s.Recv()
-	if err != nil {
-		return nil, err
-	}
-	snap := m.GetSnapshot()
-	for snap.GetMore() {
-		next, err := s.Recv()
+// recvJoined reads the next unit of the stream: a snapshot, or one etcd
+// transaction's events, sent in chunks of at most chunk.MaxBytes, joined
+// back whole (package chunk), so an SSE client, like regctl watch, never
+// sees half a snapshot or half a transaction.
+func recvJoined(s watchStream, j *chunk.Joiner) (*registryv1.WatchResponse, error) {
+	for {
+		m, err := s.Recv()
 		if err != nil {
 			return nil, err
 		}
-		ns := next.GetSnapshot()
-		if ns == nil {
-			return nil, errors.New("watch: a snapshot chunk was followed by a message that is not a snapshot")
+		unit, err := j.Add(m)
+		if err != nil {
+			return nil, fmt.Errorf("watch: %w", err)
 		}
-		ns.Instances = append(snap.Instances, ns.Instances...)
-		m, snap = next, ns
+		if unit != nil {
+			return unit, nil
+		}
 	}
-	return m, nil
 }
 
 // writeEvents appends m's SSE events to buf: one per watch line, the last
