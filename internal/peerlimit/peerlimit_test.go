@@ -1,0 +1,91 @@
+package peerlimit_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/regcluster/registry/internal/peerlimit"
+)
+
+func TestConfigValidate(t *testing.T) {
+	if err := peerlimit.DefaultConfig().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for _, bad := range []func(*peerlimit.Config){
+		func(c *peerlimit.Config) { c.WriteRate = 0 },
+		func(c *peerlimit.Config) { c.WriteBurst = 0 },
+		func(c *peerlimit.Config) { c.KeepAliveRate = -1 },
+		func(c *peerlimit.Config) { c.KeepAliveBurst = 0 },
+		func(c *peerlimit.Config) { c.MaxStreams = 0 },
+	} {
+		c := peerlimit.DefaultConfig()
+		bad(&c)
+		if c.Validate() == nil {
+			t.Errorf("%+v validates", c)
+		}
+		if _, err := peerlimit.New(c); err == nil {
+			t.Errorf("New(%+v) succeeds", c)
+		}
+	}
+}
+
+// One peer's flood is refused past its burst, with a retry hint and the
+// limit's name; another peer's bucket is its own.
+func TestWritesPerPeer(t *testing.T) {
+	l, err := peerlimit.New(peerlimit.Config{WriteRate: 0.001, WriteBurst: 3, KeepAliveRate: 1, KeepAliveBurst: 1, MaxStreams: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := l.Write("10.0.0.1"); err != nil {
+			t.Fatalf("write %d within the burst: %v", i, err)
+		}
+	}
+	for range 5 {
+		err := l.Write("10.0.0.1")
+		var le *peerlimit.Error
+		if !errors.As(err, &le) || !errors.Is(err, peerlimit.ErrLimited) || le.Limit != peerlimit.WriteRate || le.RetryAfter <= 0 || le.Peer != "10.0.0.1" {
+			t.Fatalf("write past the burst: %v", err)
+		}
+	}
+	if err := l.Write("10.0.0.2"); err != nil {
+		t.Fatalf("another peer is limited by the first one's flood: %v", err)
+	}
+	// Renewals are a bucket of their own.
+	if err := l.KeepAlive("10.0.0.1"); err != nil {
+		t.Fatalf("renewal after writes ran out: %v", err)
+	}
+	var le *peerlimit.Error
+	if err := l.KeepAlive("10.0.0.1"); !errors.As(err, &le) || le.Limit != peerlimit.KeepAliveRate {
+		t.Fatalf("renewal past its burst: %v", err)
+	}
+}
+
+func TestStreamsPerPeer(t *testing.T) {
+	l, err := peerlimit.New(peerlimit.Config{WriteRate: 1, WriteBurst: 1, KeepAliveRate: 1, KeepAliveBurst: 1, MaxStreams: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := l.OpenStream("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.OpenStream("a"); err != nil {
+		t.Fatal(err)
+	}
+	var le *peerlimit.Error
+	if _, err := l.OpenStream("a"); !errors.As(err, &le) || le.Limit != peerlimit.Streams {
+		t.Fatalf("third stream of a capped peer: %v", err)
+	}
+	if _, err := l.OpenStream("b"); err != nil {
+		t.Fatalf("another peer's stream: %v", err)
+	}
+	r1()
+	r1() // idempotent: frees one slot, not two
+	if _, err := l.OpenStream("a"); err != nil {
+		t.Fatalf("stream after one closed: %v", err)
+	}
+	if _, err := l.OpenStream("a"); err == nil {
+		t.Fatal("a repeated release freed a second slot")
+	}
+}
