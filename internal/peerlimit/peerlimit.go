@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -52,6 +53,13 @@ type Config struct {
 // DefaultConfig is the limits of a regnode with no flags.
 func DefaultConfig() Config {
 	return Config{WriteRate: 500, WriteBurst: 2000, KeepAliveRate: 2000, KeepAliveBurst: 4000, MaxStreams: 4096}
+}
+
+// Unlimited limits nothing: for benchmarks of the registry's own cost
+// (thousands of registrations and subscribers from one host), never for
+// a regnode others can reach.
+func Unlimited() Config {
+	return Config{WriteRate: math.Inf(1), WriteBurst: 1, KeepAliveRate: math.Inf(1), KeepAliveBurst: 1, MaxStreams: math.MaxInt}
 }
 
 // Validate reports the first limit that cannot work, by its flag name.

@@ -89,3 +89,18 @@ func TestStreamsPerPeer(t *testing.T) {
 		t.Fatal("a repeated release freed a second slot")
 	}
 }
+
+func TestUnlimited(t *testing.T) {
+	l, err := peerlimit.New(peerlimit.Unlimited())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10000 {
+		if err := l.Write("a"); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		if _, err := l.OpenStream("a"); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+}
