@@ -18,16 +18,19 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/regnodetest"
 	"github.com/regcluster/registry/internal/secret"
 	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/server"
 )
 
 // headRev is etcd's current revision: a refused call must leave it as it was.
@@ -491,5 +494,49 @@ func TestWritesAreAudited(t *testing.T) {
 	}
 	if got[1]["reason"] != "rack 7" {
 		t.Errorf("the drain's audit line has no reason: %v", got[1])
+	}
+}
+
+// The SDK proves ownership by itself: on a regnode that allows no
+// operator deregister, its renewals land (none refused) and its Close
+// deletes the record and revokes its lease, all with the secret it keeps.
+func TestSDKUsesItsSecret(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, OperatorDeregister: "none"}, m.ClientURL)
+	c := newClient(t, rn.Addr)
+	ctx := context.Background()
+	reg, err := c.Register(ctx, inst("orders", "o-1"), client.RegisterOptions{TTL: 3 * time.Second, DrainGrace: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := rn.Node.Metrics()
+	waitFor(t, 20*time.Second, "two renewals", func() bool { return testutil.ToFloat64(metrics.KeepAlives) >= 2 })
+	if n := testutil.ToFloat64(metrics.NotOwner.WithLabelValues("KeepAlive")); n != 0 {
+		t.Fatalf("%v of the SDK's renewals were refused", n)
+	}
+	lease := reg.Status().LeaseID
+	if err := reg.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	resp, err := rn.Etcd.Get(ctx, rn.Prefix+"instances/orders/o-1")
+	if err != nil || len(resp.Kvs) != 0 || leaseAlive(t, rn.Etcd, clientv3.LeaseID(lease)) {
+		t.Fatalf("after Close: record %v (%v), lease alive %v", resp.Kvs, err, leaseAlive(t, rn.Etcd, clientv3.LeaseID(lease)))
+	}
+}
+
+// The default operator policy: a caller on this host may deregister
+// without the secret, any other may not.
+func TestLoopbackOperator(t *testing.T) {
+	at := func(ip string) context.Context {
+		return peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}})
+	}
+	if err := server.LoopbackOperator(at("127.0.0.1")); err != nil {
+		t.Fatalf("loopback peer refused: %v", err)
+	}
+	if err := server.LoopbackOperator(at("192.0.2.7")); err == nil {
+		t.Fatal("a remote peer may deregister without the secret")
+	}
+	if err := server.NoOperator(at("127.0.0.1")); err == nil {
+		t.Fatal("NoOperator allows a loopback peer")
 	}
 }

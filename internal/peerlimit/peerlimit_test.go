@@ -1,8 +1,12 @@
 package peerlimit_test
 
 import (
+	"context"
 	"errors"
+	"net"
 	"testing"
+
+	"google.golang.org/grpc/peer"
 
 	"github.com/regcluster/registry/internal/peerlimit"
 )
@@ -102,5 +106,30 @@ func TestUnlimited(t *testing.T) {
 		if _, err := l.OpenStream("a"); err != nil {
 			t.Fatalf("stream %d: %v", i, err)
 		}
+	}
+}
+
+func TestPeerAndLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr     net.Addr
+		peer     string
+		loopback bool
+	}{
+		{&net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 5000}, "127.0.0.1", true},
+		{&net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 6000}, "127.0.0.1", true}, // every port one peer
+		{&net.TCPAddr{IP: net.ParseIP("::1"), Port: 5000}, "::1", true},
+		{&net.TCPAddr{IP: net.ParseIP("10.1.2.3"), Port: 5000}, "10.1.2.3", false},
+		{&net.UnixAddr{Name: "/run/regnode.sock", Net: "unix"}, "/run/regnode.sock", true},
+	} {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: tc.addr})
+		if got := peerlimit.Peer(ctx); got != tc.peer {
+			t.Errorf("Peer(%v) = %q, want %q", tc.addr, got, tc.peer)
+		}
+		if got := peerlimit.Loopback(ctx); got != tc.loopback {
+			t.Errorf("Loopback(%v) = %v", tc.addr, got)
+		}
+	}
+	if peerlimit.Loopback(context.Background()) || peerlimit.Peer(context.Background()) != "unknown" {
+		t.Error("a call without a peer is loopback or has a peer")
 	}
 }
