@@ -540,3 +540,39 @@ func TestLoopbackOperator(t *testing.T) {
 		t.Fatal("NoOperator allows a loopback peer")
 	}
 }
+
+// Renewals have a bucket of their own per peer: past it a KeepAlive
+// stream ends with ResourceExhausted naming keepalive_rate.
+func TestKeepAliveRateLimited(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	limits := peerlimit.DefaultConfig()
+	limits.KeepAliveRate, limits.KeepAliveBurst = 0.001, 2
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, Limits: limits}, m.ClientURL)
+	api := dialFrom(t, rn.Addr, "127.0.0.1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg, err := api.Register(ctx, &registryv1.RegisterRequest{Instance: inst("orders", "o-1"), Ttl: durationpb.New(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka, err := api.KeepAlive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &registryv1.KeepAliveRequest{LeaseId: reg.LeaseId, Service: "orders", Id: "o-1", Secret: reg.Secret}
+	for i := range 3 {
+		if err := ka.Send(req); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ka.Recv()
+		if i < 2 && err != nil {
+			t.Fatalf("renewal %d within the burst: %v", i, err)
+		}
+		if i == 2 && (status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), peerlimit.KeepAliveRate) || !hasRetryInfo(status.Convert(err))) {
+			t.Fatalf("renewal past the burst: %v", err)
+		}
+	}
+	if n := testutil.ToFloat64(rn.Node.Metrics().Limited.WithLabelValues(peerlimit.KeepAliveRate)); n != 1 {
+		t.Fatalf("registry_limited_total{limit=keepalive_rate} = %v, want 1", n)
+	}
+}
