@@ -82,7 +82,9 @@ func TestRegisterGetList(t *testing.T) {
 func TestDuplicateAndOwner(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	first, err := s.Register(ctx, inst("orders", "a"), 0)
+	claimed := inst("orders", "a")
+	claimed.Incarnation = "inc-a" // what an older client sends: kept nowhere
+	first, err := s.Register(ctx, claimed, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +98,7 @@ func TestDuplicateAndOwner(t *testing.T) {
 	}
 	before := revision(t, cli)
 	for name, sec := range map[string]string{"no secret": "", "another secret": secret.New()} {
-		_, err := s.RegisterAs(ctx, sec, inst("orders", "a"), 0)
+		_, err := s.RegisterAs(ctx, sec, claimed, 0)
 		if !errors.Is(err, record.ErrAlreadyExists) {
 			t.Fatalf("register with %s over a live record: %v", name, err)
 		}
