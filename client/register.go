@@ -24,7 +24,10 @@ type RegisterOptions struct {
 
 // Registration is one instance kept registered through regnode. It keeps
 // the instance alive through the loss of a regnode (any regnode serves the
-// renewal) and through the loss of its lease (it registers again).
+// renewal) and through the loss of its lease (it registers again). It
+// owns the instance: the registration's secret, which renewals, a
+// re-registration and Close prove ownership with, lives only in its
+// memory and is never shown.
 type Registration struct {
 	k *lease.Keeper
 	b *apiBackend
@@ -76,15 +79,16 @@ type apiBackend struct {
 	cancel context.CancelFunc
 }
 
-func (b *apiBackend) Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration) (lease.Grant, error) {
-	resp, err := b.api.Register(ctx, &registryv1.RegisterRequest{Instance: inst, Ttl: durationpb.New(ttl)})
+func (b *apiBackend) Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration, secret string) (lease.Grant, error) {
+	resp, err := b.api.Register(ctx, &registryv1.RegisterRequest{Instance: inst, Ttl: durationpb.New(ttl), Secret: secret})
 	if err != nil {
 		return lease.Grant{}, fmt.Errorf("register %s/%s: %w", inst.GetService(), inst.GetId(), FromStatus(err))
 	}
-	return lease.Grant{LeaseID: resp.LeaseId, TTL: time.Duration(resp.TtlSeconds) * time.Second, Revision: resp.Revision}, nil
+	return lease.Grant{LeaseID: resp.LeaseId, TTL: time.Duration(resp.TtlSeconds) * time.Second, Revision: resp.Revision, Secret: resp.Secret}, nil
 }
 
-func (b *apiBackend) KeepAlive(ctx context.Context, leaseID int64) (time.Duration, error) {
+func (b *apiBackend) KeepAlive(ctx context.Context, o lease.Owner) (time.Duration, error) {
+	leaseID := o.LeaseID
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.stream == nil {
@@ -99,7 +103,7 @@ func (b *apiBackend) KeepAlive(ctx context.Context, leaseID int64) (time.Duratio
 	// The stream outlives one call; a call whose ctx ends breaks it.
 	stop := context.AfterFunc(ctx, b.cancel)
 	defer stop()
-	resp, err := b.roundTrip(leaseID)
+	resp, err := b.roundTrip(&registryv1.KeepAliveRequest{LeaseId: leaseID, Service: o.Service, Id: o.ID, Secret: o.Secret})
 	if err != nil {
 		b.cancel()
 		b.stream, b.cancel = nil, nil
@@ -114,8 +118,8 @@ func (b *apiBackend) KeepAlive(ctx context.Context, leaseID int64) (time.Duratio
 	return time.Duration(resp.TtlSeconds) * time.Second, nil
 }
 
-func (b *apiBackend) roundTrip(leaseID int64) (*registryv1.KeepAliveResponse, error) {
-	if err := b.stream.Send(&registryv1.KeepAliveRequest{LeaseId: leaseID}); err != nil {
+func (b *apiBackend) roundTrip(req *registryv1.KeepAliveRequest) (*registryv1.KeepAliveResponse, error) {
+	if err := b.stream.Send(req); err != nil {
 		return nil, err
 	}
 	return b.stream.Recv()
@@ -137,9 +141,9 @@ func (b *apiBackend) SetLifecycle(ctx context.Context, service, id string, lc re
 	return nil
 }
 
-func (b *apiBackend) Deregister(ctx context.Context, service, id string, leaseID int64) error {
-	if _, err := b.api.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: id, LeaseId: leaseID}); err != nil {
-		return fmt.Errorf("deregister %s/%s: %w", service, id, FromStatus(err))
+func (b *apiBackend) Deregister(ctx context.Context, o lease.Owner) error {
+	if _, err := b.api.Deregister(ctx, &registryv1.DeregisterRequest{Service: o.Service, Id: o.ID, LeaseId: o.LeaseID, Secret: o.Secret}); err != nil {
+		return fmt.Errorf("deregister %s/%s: %w", o.Service, o.ID, FromStatus(err))
 	}
 	return nil
 }

@@ -17,21 +17,36 @@ type Grant struct {
 	LeaseID  int64
 	TTL      time.Duration
 	Revision int64
+	// Secret is the registration's secret as the backend confirmed it
+	// (the one asked for, or a new one if none was).
+	Secret string
+}
+
+// Owner names one registration and proves it is the caller's: the record
+// service/ID under LeaseID, and the secret its Register returned.
+type Owner struct {
+	Service, ID string
+	LeaseID     int64
+	Secret      string
 }
 
 // Backend is where registrations are written. Implementations must be safe
 // for concurrent use; errors wrap record.ErrInvalid or record.ErrAlreadyExists
 // when retrying cannot help, and ErrLeaseLost when the lease is gone.
 type Backend interface {
-	// Register stores inst under a new lease of ttl.
-	Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration) (Grant, error)
-	// KeepAlive renews the lease once and returns its remaining TTL.
-	KeepAlive(ctx context.Context, leaseID int64) (time.Duration, error)
+	// Register stores inst under a new lease of ttl, owned by secret (a
+	// registration secret; empty asks the backend for a new one). With
+	// the secret of a live or lost registration of the same id it
+	// replaces that registration, keeping its lifecycle and health.
+	Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration, secret string) (Grant, error)
+	// KeepAlive renews o's lease once and returns its remaining TTL; only
+	// the lease o's record is under, and only with its secret.
+	KeepAlive(ctx context.Context, o Owner) (time.Duration, error)
 	// SetLifecycle writes the lifecycle of service/id with compare-and-swap.
 	SetLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) error
-	// Deregister deletes service/id if it is still under leaseID, and
-	// revokes the lease.
-	Deregister(ctx context.Context, service, id string, leaseID int64) error
+	// Deregister deletes o's record if it is still under o.LeaseID, and
+	// revokes that lease.
+	Deregister(ctx context.Context, o Owner) error
 }
 
 // NewEtcdBackend returns a Backend that writes through s straight to etcd.
@@ -39,16 +54,16 @@ func NewEtcdBackend(s *store.Store) Backend { return etcdBackend{s} }
 
 type etcdBackend struct{ s *store.Store }
 
-func (b etcdBackend) Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration) (Grant, error) {
-	r, err := b.s.Register(ctx, inst, ttl)
+func (b etcdBackend) Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration, secret string) (Grant, error) {
+	r, err := b.s.RegisterAs(ctx, secret, inst, ttl)
 	if err != nil {
 		return Grant{}, err
 	}
-	return Grant{LeaseID: r.LeaseID, TTL: r.TTL, Revision: r.Revision}, nil
+	return Grant{LeaseID: r.LeaseID, TTL: r.TTL, Revision: r.Revision, Secret: r.Secret}, nil
 }
 
-func (b etcdBackend) KeepAlive(ctx context.Context, leaseID int64) (time.Duration, error) {
-	return b.s.KeepAlive(ctx, leaseID)
+func (b etcdBackend) KeepAlive(ctx context.Context, o Owner) (time.Duration, error) {
+	return b.s.KeepAliveAs(ctx, o.Secret, o.Service, o.ID, o.LeaseID)
 }
 
 func (b etcdBackend) SetLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) error {
@@ -56,7 +71,7 @@ func (b etcdBackend) SetLifecycle(ctx context.Context, service, id string, lc re
 	return err
 }
 
-func (b etcdBackend) Deregister(ctx context.Context, service, id string, leaseID int64) error {
-	_, _, err := b.s.Deregister(ctx, service, id, leaseID)
+func (b etcdBackend) Deregister(ctx context.Context, o Owner) error {
+	_, _, err := b.s.DeregisterAs(ctx, o.Secret, o.Service, o.ID, o.LeaseID)
 	return err
 }

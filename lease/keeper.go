@@ -2,8 +2,6 @@ package lease
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/regcluster/registry/internal/secret"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -110,7 +109,11 @@ type Keeper struct {
 
 	mu struct {
 		sync.Mutex
-		inst   *registryv1.Instance
+		inst *registryv1.Instance
+		// secret is the registration's secret: it proves this handle
+		// owns the id to KeepAlive, Deregister and a re-registration.
+		// It lives only here, never in Status or a log.
+		secret string
 		status Status
 		closed bool
 		// pending: a Drain or Serve came while the record was gone (a
@@ -120,7 +123,7 @@ type Keeper struct {
 	}
 }
 
-// Start registers inst (filling a random incarnation if it has none) and
+// Start registers inst under a new secret, held in memory only, and
 // returns a Keeper that keeps it registered until Close. The first
 // registration is retried until it succeeds or ctx ends; invalid input and
 // an id owned by someone else fail at once.
@@ -133,11 +136,12 @@ func Start(ctx context.Context, b Backend, inst *registryv1.Instance, cfg Config
 		return nil, err
 	}
 	in := proto.CloneOf(inst)
-	if in.Incarnation == "" {
-		in.Incarnation = NewIncarnation()
-	}
+	in.Incarnation = "" // grants nothing: the secret is the ownership
 	k := &Keeper{cfg: c, backend: b, log: c.Logger.With("service", in.Service, "id", in.Id), done: make(chan struct{})}
 	k.mu.inst = in
+	// Made here, not by the backend, so that a first registration that
+	// landed but whose answer was lost is still ours on the retry.
+	k.mu.secret = secret.New()
 	for attempt := 0; ; attempt++ {
 		err := k.register(ctx)
 		if err == nil {
@@ -154,13 +158,6 @@ func Start(ctx context.Context, b Backend, inst *registryv1.Instance, cfg Config
 	k.cancel = cancel
 	go k.run(loopCtx)
 	return k, nil
-}
-
-// NewIncarnation returns a random incarnation id for one registration handle.
-func NewIncarnation() string {
-	var b [12]byte
-	_, _ = crand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 func permanent(err error) bool {
@@ -188,17 +185,22 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 func (k *Keeper) register(ctx context.Context) error {
 	k.mu.Lock()
-	inst := proto.CloneOf(k.mu.inst)
+	inst, sec := proto.CloneOf(k.mu.inst), k.mu.secret
 	k.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, k.cfg.TTL)
 	defer cancel()
-	g, err := k.backend.Register(rctx, inst, k.cfg.TTL)
+	g, err := k.backend.Register(rctx, inst, k.cfg.TTL, sec)
 	if err != nil {
 		k.log.Warn("registration failed", "err", err)
 		k.setStatus(func(s *Status) { s.LastError = err })
 		return err
 	}
 	k.log.Info("registered", "lease", fmt.Sprintf("%x", g.LeaseID), "revision", g.Revision)
+	if g.Secret != "" {
+		k.mu.Lock()
+		k.mu.secret = g.Secret
+		k.mu.Unlock()
+	}
 	k.setStatus(func(s *Status) {
 		s.Registered, s.LeaseID, s.TTL, s.LastError = true, g.LeaseID, g.TTL, nil
 		s.Registrations++
@@ -268,7 +270,7 @@ func (k *Keeper) run(ctx context.Context) {
 			continue
 		}
 		kctx, cancel := context.WithTimeout(ctx, k.cfg.KeepAliveInterval)
-		_, err := k.backend.KeepAlive(kctx, st.LeaseID)
+		_, err := k.backend.KeepAlive(kctx, k.owner(st.LeaseID))
 		cancel()
 		switch {
 		case err == nil:
@@ -289,7 +291,7 @@ func (k *Keeper) run(ctx context.Context) {
 			k.log.Warn("lease renewal failed", "lease", fmt.Sprintf("%x", st.LeaseID), "err", err, "unrenewed_for", time.Since(lastRenewed).Round(time.Millisecond))
 			// After a whole TTL without renewal the lease has expired as
 			// far as etcd is concerned: stop claiming to be registered and
-			// register again (the incarnation lets us replace our own
+			// register again (the secret lets us replace our own
 			// record if it did survive).
 			expired := time.Since(lastRenewed) >= k.cfg.TTL
 			k.setStatus(func(s *Status) {
@@ -300,6 +302,13 @@ func (k *Keeper) run(ctx context.Context) {
 			})
 		}
 	}
+}
+
+// owner is what proves this registration is ours, with lease.
+func (k *Keeper) owner(lease int64) Owner {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return Owner{Service: k.mu.inst.Service, ID: k.mu.inst.Id, LeaseID: lease, Secret: k.mu.secret}
 }
 
 // Status returns the registration's current state.
@@ -383,7 +392,6 @@ func (k *Keeper) close(ctx context.Context) error {
 	k.cancel()
 	<-k.done
 	st := k.Status()
-	inst := k.Instance()
 	// A fresh context if the caller's is spent: deleting is what keeps a
 	// closed instance from lingering a whole TTL.
 	dctx := ctx
@@ -392,8 +400,9 @@ func (k *Keeper) close(ctx context.Context) error {
 		dctx, cancel = context.WithTimeout(context.Background(), k.cfg.TTL)
 		defer cancel()
 	}
-	if err := k.backend.Deregister(dctx, inst.Service, inst.Id, st.LeaseID); err != nil {
-		return fmt.Errorf("deregister %s/%s (its lease expires within %s anyway): %w", inst.Service, inst.Id, k.cfg.TTL, err)
+	o := k.owner(st.LeaseID)
+	if err := k.backend.Deregister(dctx, o); err != nil {
+		return fmt.Errorf("deregister %s/%s (its lease expires within %s anyway): %w", o.Service, o.ID, k.cfg.TTL, err)
 	}
 	k.setStatus(func(s *Status) { s.Registered, s.Closed = false, true })
 	k.log.Info("deregistered", "lease", fmt.Sprintf("%x", st.LeaseID))

@@ -224,11 +224,11 @@ func (w *watched) SetLifecycle(ctx context.Context, service, id string, lc regis
 	return err
 }
 
-func (w *watched) Deregister(ctx context.Context, service, id string, leaseID int64) error {
+func (w *watched) Deregister(ctx context.Context, o lease.Owner) error {
 	if !w.graceEnded.Load() {
 		w.early.Add(1)
 	}
-	return w.Backend.Deregister(ctx, service, id, leaseID)
+	return w.Backend.Deregister(ctx, o)
 }
 
 // closeAtEnd closes k when the test ends and fails it if Close fails.
@@ -298,10 +298,47 @@ type flaky struct {
 	calls     int
 }
 
-func (f *flaky) Register(ctx context.Context, in *registryv1.Instance, ttl time.Duration) (lease.Grant, error) {
+func (f *flaky) Register(ctx context.Context, in *registryv1.Instance, ttl time.Duration, secret string) (lease.Grant, error) {
 	f.calls++
 	if f.calls <= f.failFirst {
 		return lease.Grant{}, errors.New("connection refused")
 	}
-	return f.Backend.Register(ctx, in, ttl)
+	return f.Backend.Register(ctx, in, ttl, secret)
+}
+
+// A first registration that landed but whose answer was lost (a regnode
+// that died mid-call) is still the Keeper's own on the retry: the Keeper
+// made its secret before asking, so the retry replaces its record instead
+// of meeting AlreadyExists, and the orphaned lease is revoked.
+func TestLostFirstAnswerIsStillOurs(t *testing.T) {
+	s, cli := setup(t)
+	lb := &lostAnswer{Backend: lease.NewEtcdBackend(s)}
+	k, err := lease.Start(context.Background(), lb, inst(), lease.Config{DrainGrace: time.Millisecond, MinBackoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("start after a lost first answer: %v", err)
+	}
+	closeAtEnd(t, k)
+	if lb.calls != 2 {
+		t.Fatalf("%d registration attempts, want the lost one and its retry", lb.calls)
+	}
+	leases, err := cli.Leases(context.Background())
+	if err != nil || len(leases.Leases) != 1 || int64(leases.Leases[0].ID) != k.Status().LeaseID {
+		t.Fatalf("leases %v (%v), want only the keeper's %x", leases, err, k.Status().LeaseID)
+	}
+}
+
+// lostAnswer registers for real but reports the first registration as
+// failed, the way a caller sees an answer that never arrived.
+type lostAnswer struct {
+	lease.Backend
+	calls int
+}
+
+func (l *lostAnswer) Register(ctx context.Context, in *registryv1.Instance, ttl time.Duration, secret string) (lease.Grant, error) {
+	l.calls++
+	g, err := l.Backend.Register(ctx, in, ttl, secret)
+	if l.calls == 1 && err == nil {
+		return lease.Grant{}, errors.New("connection reset before the answer")
+	}
+	return g, err
 }

@@ -138,17 +138,21 @@ func TestMetricsFollowInstances(t *testing.T) {
 		}
 	}()
 
-	register := func(in *registryv1.Instance) error {
+	secrets := map[string]string{} // by id: what each registration returned
+	register := func(in *registryv1.Instance, secret string) error {
 		// An hour's lease: nothing may expire while the test waits.
-		_, err := reg.Register(ctx, &registryv1.RegisterRequest{Instance: in, Ttl: durationpb.New(time.Hour)})
+		resp, err := reg.Register(ctx, &registryv1.RegisterRequest{Instance: in, Ttl: durationpb.New(time.Hour), Secret: secret})
+		if err == nil {
+			secrets[in.Id] = resp.Secret
+		}
 		return err
 	}
 	for _, in := range []*registryv1.Instance{
 		{Service: "orders", Id: "o-1", Address: "10.0.0.1:80"},
-		{Service: "orders", Id: "o-2", Address: "10.0.0.2:80", Incarnation: "inc-a"},
+		{Service: "orders", Id: "o-2", Address: "10.0.0.2:80"},
 		{Service: "pay", Id: "p-1", Address: lis.Addr().String(), Check: &registryv1.HealthCheck{Kind: registryv1.CheckKind_CHECK_KIND_TCP}},
 	} {
-		if err := register(in); err != nil {
+		if err := register(in, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -164,13 +168,14 @@ func TestMetricsFollowInstances(t *testing.T) {
 	}
 	waitMetrics(t, maddr, instances("orders", "SERVING", "UNKNOWN", 1), instances("orders", "DRAINING", "UNKNOWN", 1))
 
-	// The same incarnation replaces its own live record: a re-registration,
-	// still one instance. Another incarnation is refused and counts nothing.
-	if err := register(&registryv1.Instance{Service: "orders", Id: "o-2", Address: "10.0.0.2:80", Incarnation: "inc-a"}); err != nil {
+	// The same owner (its secret) replaces its own live record: a
+	// re-registration, still one instance. Another is refused and counts
+	// nothing.
+	if err := register(&registryv1.Instance{Service: "orders", Id: "o-2", Address: "10.0.0.2:80"}, secrets["o-2"]); err != nil {
 		t.Fatal(err)
 	}
-	if err := register(&registryv1.Instance{Service: "orders", Id: "o-2", Address: "10.0.0.2:80", Incarnation: "inc-b"}); status.Code(err) != codes.AlreadyExists {
-		t.Fatalf("register over another incarnation: %v, want AlreadyExists", err)
+	if err := register(&registryv1.Instance{Service: "orders", Id: "o-2", Address: "10.0.0.2:80"}, ""); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("register over another owner: %v, want AlreadyExists", err)
 	}
 	waitMetrics(t, maddr,
 		series{"registry_reregistrations_total", map[string]string{}, 1},

@@ -29,6 +29,7 @@ import (
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
+	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/zapslog"
 	"github.com/regcluster/registry/probe"
 	"github.com/regcluster/registry/prober"
@@ -82,6 +83,13 @@ type Config struct {
 	// ShutdownGrace bounds how long Close lets calls in flight finish
 	// before closing streams (default 2s).
 	ShutdownGrace time.Duration
+	// Limits are the per-peer rate limits and stream caps (zero:
+	// peerlimit.DefaultConfig()).
+	Limits peerlimit.Config
+	// OperatorDeregister says who may Deregister without the
+	// registration's secret: "loopback" (default: callers on this host)
+	// or "none".
+	OperatorDeregister string
 }
 
 // Keepalive on the API. A subscriber whose machine vanished (or whose
@@ -107,6 +115,9 @@ func DefaultConfig() Config {
 		ProbeInterval: time.Second,
 		ProbeTimeout:  500 * time.Millisecond,
 		Thresholds:    health.DefaultThresholds(),
+		Limits:        peerlimit.DefaultConfig(),
+
+		OperatorDeregister: "loopback",
 	}
 }
 
@@ -141,6 +152,14 @@ func (c *Config) Validate() error {
 		if err := c.Thresholds.Validate(); err != nil {
 			return fmt.Errorf("health thresholds: %w", err)
 		}
+	}
+	if c.Limits != (peerlimit.Config{}) {
+		if err := c.Limits.Validate(); err != nil {
+			return err
+		}
+	}
+	if s := c.OperatorDeregister; s != "" && s != "loopback" && s != "none" {
+		return fmt.Errorf("--operator-deregister %q must be loopback or none", s)
 	}
 	if s := c.Embed.ClusterState; s != "" && s != "new" && s != "existing" {
 		return fmt.Errorf("--initial-cluster-state %q must be new or existing", s)
@@ -305,8 +324,19 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.startProber(cfg, st); err != nil {
 		return nil, err
 	}
+	if cfg.Limits == (peerlimit.Config{}) {
+		cfg.Limits = peerlimit.DefaultConfig()
+	}
+	limits, err := peerlimit.New(cfg.Limits)
+	if err != nil {
+		return nil, err
+	}
+	operator := server.LoopbackOperator
+	if cfg.OperatorDeregister == "none" {
+		operator = server.NoOperator
+	}
 	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
-		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader})
+		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator})
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ var (
 	// ErrNotFound means no valid record exists for the instance.
 	ErrNotFound = errors.New("instance not found")
 	// ErrAlreadyExists means the instance id is alive under another
-	// registration (another lease and incarnation).
+	// registration (another owner: the caller lacks its secret).
 	ErrAlreadyExists = errors.New("instance already registered by another owner")
 	// ErrJunk is wrapped by Decode when a value under the prefix is not a
 	// valid record.

@@ -12,7 +12,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/regnodetest"
+	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -24,7 +26,9 @@ import (
 // it reports ours/s, raw/s and their ratio.
 func BenchmarkRegister(b *testing.B) {
 	m := etcdtest.Start(b, true)
-	rn := regnodetest.StartExternal(b, m.ClientURL)
+	// Unlimited: this measures the registry's cost, not its per-peer limits
+	// (thousands of registrations from one host in a few seconds).
+	rn := regnodetest.StartWith(b, node.Config{EtcdEndpoints: []string{m.ClientURL}, Limits: peerlimit.Unlimited()}, m.ClientURL)
 	api := newClient(b, rn.Addr).API()
 	raw := m.Client(b)
 	keys := record.NewKeys("")

@@ -2,6 +2,13 @@
 // regnode serves any call: state lives in etcd, so an instance keeps its
 // lease alive through whichever regnode it reaches, and operators' writes
 // are compare-and-swap so they never lose a concurrent update.
+//
+// Registrations are owned: Register returns a secret, and only its holder
+// may keep the lease alive, replace a live record or deregister it as its
+// owner (PermissionDenied otherwise, with nothing written). A Deregister
+// without the secret is an operator's, allowed by Config.Operator. Writes
+// and streams are limited per peer (ResourceExhausted, with a retry hint),
+// and every write is logged on one structured audit line.
 package server
 
 import (
@@ -16,12 +23,14 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
+	"github.com/regcluster/registry/internal/peerlimit"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/store"
@@ -47,6 +56,30 @@ type Config struct {
 	Logger *slog.Logger
 	// CallTimeout bounds each etcd call made for one request (default 5s).
 	CallTimeout time.Duration
+	// Limits, if set, are the per-peer rate limits and stream caps.
+	Limits *peerlimit.Limiter
+	// Operator decides whether a Deregister without the registration's
+	// secret (an operator removing an instance) is allowed: it returns
+	// nil to allow, or an error saying why not (sent as PermissionDenied).
+	// Default LoopbackOperator. Once tokens land, this is the operate role.
+	Operator func(context.Context) error
+}
+
+// LoopbackOperator allows operator calls from this regnode's own host (a
+// loopback address or a unix socket) only. Until tokens land that is the
+// line that means something: whoever is on the host can as well edit the
+// embedded etcd through its client port, and nobody else can be told
+// from a stranger.
+func LoopbackOperator(ctx context.Context) error {
+	if peerlimit.Loopback(ctx) {
+		return nil
+	}
+	return errors.New("operator calls without the registration's secret are allowed from this regnode's host only")
+}
+
+// NoOperator allows no operator calls: every Deregister needs the secret.
+func NoOperator(context.Context) error {
+	return errors.New("operator calls without the registration's secret are off on this regnode")
 }
 
 // Server is the Registry service. Its methods are safe for concurrent use.
@@ -69,6 +102,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 5 * time.Second
 	}
+	if cfg.Operator == nil {
+		cfg.Operator = LoopbackOperator
+	}
 	return &Server{cfg: cfg, st: cfg.Store, m: cfg.Metrics, log: cfg.Logger}, nil
 }
 
@@ -90,6 +126,10 @@ func toStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, record.ErrAlreadyExists):
 		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, store.ErrNotOwner):
+		return status.Error(codes.PermissionDenied, err.Error())
+	case errors.Is(err, peerlimit.ErrLimited):
+		return limitedStatus(err)
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -105,6 +145,62 @@ func toStatus(err error) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
+// limitedStatus is ResourceExhausted saying which limit, with
+// errdetails.RetryInfo when waiting is what helps.
+func limitedStatus(err error) error {
+	st := status.New(codes.ResourceExhausted, err.Error())
+	var le *peerlimit.Error
+	if errors.As(err, &le) && le.RetryAfter > 0 {
+		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(le.RetryAfter)}); derr == nil {
+			st = d
+		}
+	}
+	return st.Err()
+}
+
+// limit refuses a call over one of the peer's limits (take is one of the
+// Limiter's methods), counting it; nil when under or without limits.
+func (s *Server) limit(ctx context.Context, take func(*peerlimit.Limiter, string) error) error {
+	if s.cfg.Limits == nil {
+		return nil
+	}
+	if err := take(s.cfg.Limits, peerlimit.Peer(ctx)); err != nil {
+		var le *peerlimit.Error
+		if errors.As(err, &le) {
+			s.m.Limited.WithLabelValues(le.Limit).Inc()
+		}
+		return toStatus(err)
+	}
+	return nil
+}
+
+// openStream takes a stream slot of the peer for the life of a stream.
+func (s *Server) openStream(ctx context.Context) (release func(), err error) {
+	if s.cfg.Limits == nil {
+		return func() {}, nil
+	}
+	release, err = s.cfg.Limits.OpenStream(peerlimit.Peer(ctx))
+	if err != nil {
+		s.m.Limited.WithLabelValues(peerlimit.Streams).Inc()
+		return nil, toStatus(err)
+	}
+	return release, nil
+}
+
+// audit logs one write on one line: who (the peer), what (the method and
+// the instance key), and how it ended (ok or the gRPC code and message).
+// Secrets never reach it: no request is logged whole.
+func (s *Server) audit(ctx context.Context, method, service, id string, err error, attrs ...slog.Attr) {
+	result := "ok"
+	if err != nil {
+		result = status.Code(err).String()
+		attrs = append(attrs, slog.String("error", status.Convert(err).Message()))
+	}
+	s.log.LogAttrs(ctx, slog.LevelInfo, "audit",
+		append([]slog.Attr{slog.String("peer", peerlimit.Peer(ctx)), slog.String("method", method),
+			slog.String("key", service+"/"+id), slog.String("result", result)}, attrs...)...)
+}
+
 func (s *Server) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.cfg.CallTimeout)
 }
@@ -115,17 +211,26 @@ func invalid(field, format string, args ...any) error {
 
 // Register validates the instance (every rule of DESIGN.md; nothing is
 // written on failure), grants a lease and stores the instance under it.
+// The request's secret, if any, must be the registration's to replace a
+// live record or carry a lost one's state (AlreadyExists otherwise); the
+// response carries the secret, the only time it is ever sent.
 func (s *Server) Register(ctx context.Context, req *registryv1.RegisterRequest) (*registryv1.RegisterResponse, error) {
 	resp, err := s.register(ctx, req)
 	if err != nil {
 		s.m.RegistrationErrors.WithLabelValues(status.Code(err).String()).Inc()
+		s.audit(ctx, "Register", req.GetInstance().GetService(), req.GetInstance().GetId(), err)
 		return nil, err
 	}
 	s.m.Registrations.Inc()
+	s.audit(ctx, "Register", resp.Instance.Service, resp.Instance.Id, nil,
+		slog.String("lease", fmt.Sprintf("%x", resp.LeaseId)), slog.Int64("revision", resp.Revision))
 	return resp, nil
 }
 
 func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) (*registryv1.RegisterResponse, error) {
+	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
+		return nil, err
+	}
 	if req.GetInstance() == nil {
 		return nil, invalid("instance", "must be set")
 	}
@@ -141,27 +246,34 @@ func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) 
 	}
 	ctx, cancel := s.callCtx(ctx)
 	defer cancel()
-	reg, err := s.st.Register(ctx, req.Instance, ttl)
+	reg, err := s.st.RegisterAs(ctx, req.Secret, req.Instance, ttl)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	if reg.Replaced {
 		s.m.ReRegistrations.Inc()
 	}
-	s.log.Debug("registered", "service", reg.Instance.Service, "id", reg.Instance.Id,
-		"address", reg.Instance.Address, "lease", fmt.Sprintf("%x", reg.LeaseID), "revision", reg.Revision)
 	return &registryv1.RegisterResponse{LeaseId: reg.LeaseID, Revision: reg.Revision,
-		TtlSeconds: int64(reg.TTL / time.Second), Instance: reg.Instance}, nil
+		TtlSeconds: int64(reg.TTL / time.Second), Instance: reg.Instance, Secret: reg.Secret}, nil
 }
 
 // KeepAlive renews leases, one response per request, for as long as the
-// client keeps the stream open. A lease that no longer exists is answered
-// with lost=true (the client registers again); an etcd failure ends the
-// stream with Unavailable so the client retries, on this or another regnode.
+// client keeps the stream open. Each request names its registration
+// (service, id) and carries its secret: only the lease that record is
+// under is renewed, and only for its owner (PermissionDenied ends the
+// stream otherwise). A lease that no longer exists, or is not the
+// record's, is answered with lost=true (the client registers again); an
+// etcd failure ends the stream with Unavailable so the client retries, on
+// this or another regnode.
 func (s *Server) KeepAlive(stream registryv1.Registry_KeepAliveServer) error {
+	ctx := stream.Context()
+	release, err := s.openStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	s.m.KeepAliveStreams.Inc()
 	defer s.m.KeepAliveStreams.Dec()
-	ctx := stream.Context()
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -173,11 +285,27 @@ func (s *Server) KeepAlive(stream registryv1.Registry_KeepAliveServer) error {
 		if req.LeaseId <= 0 {
 			return invalid("lease_id", "%d is not a lease", req.LeaseId)
 		}
+		if err := record.ValidService(req.Service); err != nil {
+			return toStatus(err)
+		}
+		if err := record.ValidID(req.Id); err != nil {
+			return toStatus(err)
+		}
+		if req.Secret == "" {
+			s.m.NotOwner.WithLabelValues("KeepAlive").Inc()
+			return invalid("secret", "is required: the secret Register returned for %s/%s", req.Service, req.Id)
+		}
+		if err := s.limit(ctx, (*peerlimit.Limiter).KeepAlive); err != nil {
+			return err
+		}
 		cctx, cancel := s.callCtx(ctx)
-		ttl, err := s.st.KeepAlive(cctx, req.LeaseId)
+		ttl, err := s.st.KeepAliveAs(cctx, req.Secret, req.Service, req.Id, req.LeaseId)
 		cancel()
 		resp := &registryv1.KeepAliveResponse{LeaseId: req.LeaseId, TtlSeconds: int64(ttl / time.Second)}
 		switch {
+		case errors.Is(err, store.ErrNotOwner):
+			s.m.NotOwner.WithLabelValues("KeepAlive").Inc()
+			return toStatus(err)
 		case errors.Is(err, store.ErrLeaseLost):
 			s.m.KeepAliveLost.Inc()
 			resp.Lost, resp.TtlSeconds = true, 0
@@ -194,27 +322,63 @@ func (s *Server) KeepAlive(stream registryv1.Registry_KeepAliveServer) error {
 }
 
 // Deregister deletes an instance (only while under lease_id, if given) and
-// revokes its lease.
+// revokes the lease its record is under, never another. With the
+// registration's secret it is the owner's graceful end (another secret:
+// PermissionDenied); without, an operator's, if Config.Operator allows
+// it for this caller (PermissionDenied naming the missing secret if not).
 func (s *Server) Deregister(ctx context.Context, req *registryv1.DeregisterRequest) (*registryv1.DeregisterResponse, error) {
-	ctx, cancel := s.callCtx(ctx)
+	resp, err := s.deregister(ctx, req)
+	attrs := []slog.Attr{slog.Bool("owner", req.Secret != "")}
+	if err == nil {
+		attrs = append(attrs, slog.Bool("deleted", resp.Deleted), slog.Int64("revision", resp.Revision))
+	}
+	s.audit(ctx, "Deregister", req.Service, req.Id, err, attrs...)
+	return resp, err
+}
+
+func (s *Server) deregister(ctx context.Context, req *registryv1.DeregisterRequest) (*registryv1.DeregisterResponse, error) {
+	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
+		return nil, err
+	}
+	if err := record.ValidService(req.Service); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := record.ValidID(req.Id); err != nil {
+		return nil, toStatus(err)
+	}
+	var (
+		deleted bool
+		rev     int64
+		err     error
+	)
+	cctx, cancel := s.callCtx(ctx)
 	defer cancel()
-	deleted, rev, err := s.st.Deregister(ctx, req.Service, req.Id, req.LeaseId)
+	if req.Secret != "" {
+		deleted, rev, err = s.st.DeregisterAs(cctx, req.Secret, req.Service, req.Id, req.LeaseId)
+	} else if oerr := s.cfg.Operator(ctx); oerr != nil {
+		s.m.NotOwner.WithLabelValues("Deregister").Inc()
+		return nil, status.Errorf(codes.PermissionDenied, "deregister %s/%s: secret is required: the one Register returned (%v)", req.Service, req.Id, oerr)
+	} else {
+		deleted, rev, err = s.st.Deregister(cctx, req.Service, req.Id, req.LeaseId)
+	}
+	if errors.Is(err, store.ErrNotOwner) {
+		s.m.NotOwner.WithLabelValues("Deregister").Inc()
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if !deleted && req.LeaseId == 0 {
+	if !deleted && req.LeaseId == 0 && req.Secret == "" {
 		return nil, status.Errorf(codes.NotFound, "%s/%s: %v", req.Service, req.Id, record.ErrNotFound)
 	}
 	if deleted {
 		s.m.Deregistrations.Inc()
-		s.log.Info("deregistered", "service", req.Service, "id", req.Id, "revision", rev)
 	}
 	return &registryv1.DeregisterResponse{Deleted: deleted, Revision: rev}, nil
 }
 
 // Drain marks an instance DRAINING with compare-and-swap.
 func (s *Server) Drain(ctx context.Context, req *registryv1.DrainRequest) (*registryv1.DrainResponse, error) {
-	inst, rev, err := s.setLifecycle(ctx, req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_DRAINING, req.Reason)
+	inst, rev, err := s.setLifecycle(ctx, "Drain", req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_DRAINING, req.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -223,22 +387,34 @@ func (s *Server) Drain(ctx context.Context, req *registryv1.DrainRequest) (*regi
 
 // Undrain marks an instance SERVING with compare-and-swap.
 func (s *Server) Undrain(ctx context.Context, req *registryv1.UndrainRequest) (*registryv1.UndrainResponse, error) {
-	inst, rev, err := s.setLifecycle(ctx, req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_SERVING, "")
+	inst, rev, err := s.setLifecycle(ctx, "Undrain", req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_SERVING, "")
 	if err != nil {
 		return nil, err
 	}
 	return &registryv1.UndrainResponse{Instance: inst, Revision: rev}, nil
 }
 
-func (s *Server) setLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
-	ctx, cancel := s.callCtx(ctx)
+func (s *Server) setLifecycle(ctx context.Context, method, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+	inst, rev, err := s.writeLifecycle(ctx, service, id, lc, reason)
+	attrs := []slog.Attr{slog.String("reason", reason)}
+	if err == nil {
+		attrs = append(attrs, slog.Int64("revision", rev))
+	}
+	s.audit(ctx, method, service, id, err, attrs...)
+	return inst, rev, err
+}
+
+func (s *Server) writeLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
+		return nil, 0, err
+	}
+	cctx, cancel := s.callCtx(ctx)
 	defer cancel()
-	inst, rev, err := s.st.SetLifecycle(ctx, service, id, lc, reason)
+	inst, rev, err := s.st.SetLifecycle(cctx, service, id, lc, reason)
 	if err != nil {
 		return nil, 0, toStatus(err)
 	}
 	s.m.LifecycleWrites.WithLabelValues(lc.String()).Inc()
-	s.log.Info("lifecycle set", "service", service, "id", id, "lifecycle", lc.String(), "reason", reason, "revision", rev)
 	return inst, rev, nil
 }
 
@@ -343,6 +519,11 @@ func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_
 		return status.Error(codes.Unimplemented, "this regnode serves no subscriptions")
 	}
 	ctx := stream.Context()
+	release, err := s.openStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	sub, err := s.cfg.Hub.Subscribe(ctx, req.Service, req.FromRevision, req.Epoch)
 	if err != nil {
 		switch {

@@ -120,7 +120,8 @@ func TestRegisterListGet(t *testing.T) {
 			if _, err := api.Get(ctx, &registryv1.GetRequest{Service: "orders", Id: "nope"}); status.Code(err) != codes.NotFound {
 				t.Fatalf("get missing: %v", err)
 			}
-			// A second owner of the same id is refused.
+			// A second owner of the same id is refused, whatever
+			// incarnation it claims.
 			dup := inst("orders", "o-1")
 			dup.Incarnation = "another"
 			if _, err := api.Register(ctx, &registryv1.RegisterRequest{Instance: dup}); status.Code(err) != codes.AlreadyExists {
@@ -183,7 +184,7 @@ func TestKeepAliveStream(t *testing.T) {
 		lease int64
 		lost  bool
 	}{{reg.LeaseId, false}, {reg.LeaseId + 12345, true}, {reg.LeaseId, false}} {
-		if err := ka.Send(&registryv1.KeepAliveRequest{LeaseId: tc.lease}); err != nil {
+		if err := ka.Send(&registryv1.KeepAliveRequest{LeaseId: tc.lease, Service: "orders", Id: "o-1", Secret: reg.Secret}); err != nil {
 			t.Fatal(err)
 		}
 		resp, err := ka.Recv()

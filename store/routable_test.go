@@ -59,7 +59,7 @@ func TestWritesStampRoutableSince(t *testing.T) {
 	// The same owner registering over its live record (it lost track of
 	// its lease): still routable, so the stamp stays and no client ramps
 	// it again.
-	again, err := s.Register(ctx, inst("orders", "o-1"), 0)
+	again, err := s.RegisterAs(ctx, reg.Secret, inst("orders", "o-1"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,12 +20,15 @@ import (
 //
 //	<prefix>state/<service>/<instance-id>
 //
-// holding a registry.v1.Instance with only service, id, incarnation,
-// lifecycle, lifecycle_reason and health. Register reads it: a record
-// registered again by the same incarnation (the same registration handle,
+// holding a registry.v1.Instance with only service, id, lifecycle,
+// lifecycle_reason, health, and in its incarnation field the owner: the
+// hash of the registration's secret (secret.Hash). Register reads it: a
+// record registered again by the same owner (the same registration handle,
 // after a lost lease) comes back with the saved lifecycle, reason and
-// health, whoever set them. Another incarnation (a new process) starts
-// afresh. Deregister deletes it with the record. Subscribers never read it:
+// health, whoever set them; a live record is replaced only by its owner.
+// Another secret (a new process) starts afresh. KeepAlive and an owner's
+// Deregister check the owner here. Deregister deletes it with the record.
+// Subscribers and every read of the API never see it:
 // it lives outside <prefix>instances/, so the one-key-per-instance contract
 // of the data model is unchanged.
 //
@@ -41,17 +44,17 @@ func (s *Store) StateKey(service, id string) string {
 // States is the prefix of every saved-state key.
 func (s *Store) States() string { return s.keys.Prefix() + "state/" }
 
-// stateOf is the saved state of inst.
-func stateOf(inst *registryv1.Instance) *registryv1.Instance {
+// stateOf is the saved state of inst, owned by owner (a secret hash).
+func stateOf(inst *registryv1.Instance, owner string) *registryv1.Instance {
 	return &registryv1.Instance{
-		Service: inst.Service, Id: inst.Id, Incarnation: inst.Incarnation,
+		Service: inst.Service, Id: inst.Id, Incarnation: owner,
 		Lifecycle: inst.Lifecycle, LifecycleReason: inst.LifecycleReason,
 		Health: proto.CloneOf(inst.Health),
 	}
 }
 
-func encodeState(inst *registryv1.Instance) (string, error) {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(stateOf(inst))
+func encodeState(inst *registryv1.Instance, owner string) (string, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(stateOf(inst, owner))
 	if err != nil {
 		return "", fmt.Errorf("encode saved state of %s/%s: %w", inst.Service, inst.Id, err)
 	}

@@ -68,14 +68,15 @@ func stateKeys(t *testing.T, s *store.Store, cli *clientv3.Client) int64 {
 	return resp.Count
 }
 
-// A record registered again by the same incarnation after its lease was
+// A record registered again by the same owner after its lease was
 // lost comes back with the lifecycle and reason an operator set and the
 // health the prober wrote, although the request says SERVING and carries
 // no health.
 func TestLostLeaseKeepsLifecycleAndHealth(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	if _, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
+	first, err := s.Register(ctx, inst("orders", "a"), 0)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.SetLifecycle(ctx, "orders", "a", draining, "rack 7 maintenance"); err != nil {
@@ -86,9 +87,12 @@ func TestLostLeaseKeepsLifecycleAndHealth(t *testing.T) {
 
 	again := inst("orders", "a")
 	again.Lifecycle = serving
-	reg, err := s.Register(ctx, again, 0)
+	reg, err := s.RegisterAs(ctx, first.Secret, again, 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if reg.Secret != first.Secret {
+		t.Error("a re-registration changed the owner's secret")
 	}
 	if !reg.Replaced {
 		t.Error("coming back after a lost lease is not reported as a re-registration")
@@ -114,7 +118,7 @@ func TestLostLeaseKeepsLifecycleAndHealth(t *testing.T) {
 	loseLease(t, s, cli, "orders", "a")
 	drainedAgain := inst("orders", "a")
 	drainedAgain.Lifecycle = draining // what the request says does not matter either way
-	if _, err := s.Register(ctx, drainedAgain, 0); err != nil {
+	if _, err := s.RegisterAs(ctx, first.Secret, drainedAgain, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := storedRecord(t, s, "orders", "a"); got.Lifecycle != serving || !proto.Equal(got.Health, h) {
@@ -122,7 +126,7 @@ func TestLostLeaseKeepsLifecycleAndHealth(t *testing.T) {
 	}
 }
 
-// The same incarnation registering over its own live record (it lost
+// The same owner registering over its own live record (it lost
 // track of its lease) keeps the live record's lifecycle and health.
 func TestReplaceKeepsLiveState(t *testing.T) {
 	s, _, _ := newStore(t)
@@ -135,7 +139,7 @@ func TestReplaceKeepsLiveState(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := setHealth(t, s, "orders", "a", unavailable, "gone")
-	second, err := s.Register(ctx, inst("orders", "a"), 0)
+	second, err := s.RegisterAs(ctx, first.Secret, inst("orders", "a"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,12 +152,13 @@ func TestReplaceKeepsLiveState(t *testing.T) {
 	}
 }
 
-// Another incarnation (a new process under the same id) starts afresh:
-// the saved state belongs to the registration that set it.
-func TestNewIncarnationStartsAfresh(t *testing.T) {
+// Another owner (a new process under the same id, another secret)
+// starts afresh: the saved state belongs to the registration that set it.
+func TestNewOwnerStartsAfresh(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	if _, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
+	old, err := s.Register(ctx, inst("orders", "a"), 0)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.SetLifecycle(ctx, "orders", "a", draining, "old process"); err != nil {
@@ -161,25 +166,23 @@ func TestNewIncarnationStartsAfresh(t *testing.T) {
 	}
 	setHealth(t, s, "orders", "a", unavailable, "gone")
 	loseLease(t, s, cli, "orders", "a")
-	fresh := inst("orders", "a")
-	fresh.Incarnation = "new-process"
-	if reg, err := s.Register(ctx, fresh, 0); err != nil {
+	if reg, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
 		t.Fatal(err)
 	} else if reg.Replaced {
-		t.Error("a new incarnation is reported as a re-registration")
+		t.Error("a new owner is reported as a re-registration")
 	}
 	got := storedRecord(t, s, "orders", "a")
 	if got.Lifecycle != serving || got.LifecycleReason != "" || got.Health != nil {
-		t.Errorf("new incarnation inherited %v %q health %v", got.Lifecycle, got.LifecycleReason, got.Health)
+		t.Errorf("new owner inherited %v %q health %v", got.Lifecycle, got.LifecycleReason, got.Health)
 	}
-	// And its saved state is now its own: the old incarnation coming back
+	// And its saved state is now its own: the old owner coming back
 	// later gets nothing of the old process's either.
 	loseLease(t, s, cli, "orders", "a")
-	if _, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
+	if _, err := s.RegisterAs(ctx, old.Secret, inst("orders", "a"), 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := storedRecord(t, s, "orders", "a"); got.Lifecycle != serving || got.Health != nil {
-		t.Errorf("old incarnation got %v health %v back from a state it no longer owns", got.Lifecycle, got.Health)
+		t.Errorf("old owner got %v health %v back from a state it no longer owns", got.Lifecycle, got.Health)
 	}
 }
 

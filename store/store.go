@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/regcluster/registry/internal/secret"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -30,6 +31,11 @@ var ErrGuard = errors.New("write guard failed")
 // ErrLeaseLost means the lease no longer exists in etcd (expired, revoked,
 // or etcd was restored without it): the registration must be made again.
 var ErrLeaseLost = errors.New("lease lost")
+
+// ErrNotOwner means the secret given is not the registration's: the
+// caller may not keep it alive, replace it or deregister it as its owner.
+// Nothing was written.
+var ErrNotOwner = errors.New("the secret is not this registration's")
 
 // Config configures a Store.
 type Config struct {
@@ -95,30 +101,48 @@ type Registration struct {
 	TTL      time.Duration
 	Revision int64
 	Instance *registryv1.Instance
-	// Replaced says this was a re-registration of the same incarnation:
+	// Secret is the registration's secret: what KeepAliveAs, DeregisterAs
+	// and a later RegisterAs need. Only its hash is stored.
+	Secret string
+	// Replaced says this was a re-registration by the same owner:
 	// it replaced its own record still alive under an older lease, or came
 	// back after its lease was lost (its saved state was carried over).
 	Replaced bool
 }
 
-// Register validates inst, grants a lease of ttl (0 means the default) and
-// stores inst under it. If the key is alive under another owner, it returns
-// an error wrapping record.ErrAlreadyExists and writes nothing; a record
-// with the same non-empty incarnation, or a junk record, is replaced and its
-// old lease revoked. Invalid input returns a *record.FieldError and writes
-// nothing.
+// Register is RegisterAs with a new secret: a registration that can
+// replace nothing alive.
+func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.Duration) (*Registration, error) {
+	return s.RegisterAs(ctx, "", in, ttl)
+}
+
+// RegisterAs validates inst, grants a lease of ttl (0 means the default)
+// and stores inst under it, owned by sec (a secret.New value; empty makes
+// one). If the key is alive under another owner (a saved state that sec
+// does not match), it returns an error wrapping record.ErrAlreadyExists
+// and writes nothing; a record owned by sec, or a junk record, is
+// replaced and its old lease revoked. Invalid input (a malformed sec
+// included) returns a *record.FieldError and writes nothing. Only
+// secret.Hash(sec) is stored, in the saved state; inst's incarnation is
+// not stored and grants nothing.
 //
-// A registration by the same non-empty incarnation keeps the lifecycle, its
+// A registration by the same owner keeps the lifecycle, its
 // reason and the health of the instance as they were, not as inst says:
 // from the live record it replaces, or, when the lease was lost and the
 // record is gone, from the saved state (see StateKey). So an instance an
 // operator drained comes back DRAINING, and one the prober found
 // UNAVAILABLE comes back UNAVAILABLE. Any other registration starts with
 // inst's lifecycle and no health.
-func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.Duration) (*Registration, error) {
+func (s *Store) RegisterAs(ctx context.Context, sec string, in *registryv1.Instance, ttl time.Duration) (*Registration, error) {
 	if err := record.Validate(in); err != nil {
 		return nil, err
 	}
+	if sec == "" {
+		sec = secret.New()
+	} else if err := secret.Valid(sec); err != nil {
+		return nil, &record.FieldError{Field: "secret", Reason: err.Error()}
+	}
+	owner := secret.Hash(sec)
 	if err := record.ValidTTL(ttl); err != nil {
 		return nil, err
 	}
@@ -129,6 +153,7 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 	record.Normalize(base)
 	base.Health = nil // written only by the prober
 	base.ModRevision, base.CreateRevision = 0, 0
+	base.Incarnation = "" // ownership is the secret, kept hashed in the saved state only
 	base.RegisteredAt = timestamppb.New(s.now())
 	key := s.keys.Instance(base.Service, base.Id)
 	skey := s.StateKey(base.Service, base.Id)
@@ -160,11 +185,12 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 		var prev *registryv1.Instance // the live record replaced, if any: its routable_since carries over
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(skey), "=", stateRev)}
 		var oldLease int64
-		rereg := false // the same incarnation again: its live record, or its saved state after a lost lease
+		rereg := false // the same owner again: its live record, or its saved state after a lost lease
+		ours := saved != nil && secret.Matches(sec, saved.Incarnation)
 		if len(ikvs) == 0 {
 			// First registration, or the lease was lost: the saved state
 			// is all that is left of the previous record.
-			if saved != nil && inst.Incarnation != "" && saved.Incarnation == inst.Incarnation {
+			if ours {
 				s.carry(key, inst, saved)
 				rereg = true
 			}
@@ -172,9 +198,9 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 		} else {
 			kv := ikvs[0]
 			old, derr := s.keys.Decode(key, kv.Value, kv.CreateRevision, kv.ModRevision)
-			if derr == nil && (inst.Incarnation == "" || old.Incarnation != inst.Incarnation) {
+			if derr == nil && !ours {
 				s.revoke(lease)
-				return nil, fmt.Errorf("register %s: %w (lease %x, incarnation %q)", key, record.ErrAlreadyExists, old.LeaseId, old.Incarnation)
+				return nil, fmt.Errorf("register %s: %w (alive under lease %x; replacing it needs its secret)", key, record.ErrAlreadyExists, old.LeaseId)
 			}
 			if derr != nil {
 				s.junk(key, derr)
@@ -197,7 +223,7 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 			s.revoke(lease)
 			return nil, err
 		}
-		sval, err := encodeState(inst)
+		sval, err := encodeState(inst, owner)
 		if err != nil {
 			s.revoke(lease)
 			return nil, err
@@ -220,7 +246,7 @@ func (s *Store) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 			s.revoke(clientv3.LeaseID(oldLease))
 		}
 		reg := s.registered(inst, lease, ttl, resp.Header.Revision)
-		reg.Replaced = rereg
+		reg.Replaced, reg.Secret = rereg, sec
 		return reg, nil
 	}
 }
@@ -264,9 +290,27 @@ func (s *Store) revoke(lease clientv3.LeaseID) {
 	}
 }
 
-// KeepAlive renews a lease once and returns its remaining TTL. A lease that
-// no longer exists returns ErrLeaseLost.
-func (s *Store) KeepAlive(ctx context.Context, leaseID int64) (time.Duration, error) {
+// KeepAliveAs renews, once, the lease of the registration service/id,
+// held by sec, and returns its remaining TTL. It renews only a lease a
+// registration is under: the record must be under leaseID (else
+// ErrLeaseLost: an old lease of the owner, or no record at all) and sec
+// must be its owner's (else ErrNotOwner). An election session or any
+// other lease is never renewed.
+func (s *Store) KeepAliveAs(ctx context.Context, sec, service, id string, leaseID int64) (time.Duration, error) {
+	key := s.keys.Instance(service, id)
+	ikv, skv, _, err := s.read(ctx, service, id)
+	if err != nil {
+		return 0, fmt.Errorf("keep lease %x of %s alive: %w", leaseID, key, err)
+	}
+	if ikv == nil {
+		return 0, fmt.Errorf("keep lease %x of %s alive: no record: %w", leaseID, key, ErrLeaseLost)
+	}
+	if !s.owns(sec, service, id, skv) {
+		return 0, fmt.Errorf("keep lease %x of %s alive: %w", leaseID, key, ErrNotOwner)
+	}
+	if ikv.Lease != leaseID {
+		return 0, fmt.Errorf("keep lease %x of %s alive: the record is under another lease: %w", leaseID, key, ErrLeaseLost)
+	}
 	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(leaseID))
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -278,6 +322,44 @@ func (s *Store) KeepAlive(ctx context.Context, leaseID int64) (time.Duration, er
 		return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, ErrLeaseLost)
 	}
 	return time.Duration(resp.TTL) * time.Second, nil
+}
+
+// read returns the record of service/id and its saved state (nil when
+// absent), both read at one revision, which it returns.
+func (s *Store) read(ctx context.Context, service, id string) (ikv, skv *mvccpb.KeyValue, rev int64, err error) {
+	if err := record.ValidService(service); err != nil {
+		return nil, nil, 0, err
+	}
+	if err := record.ValidID(id); err != nil {
+		return nil, nil, 0, err
+	}
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.keys.Instance(service, id)), clientv3.OpGet(s.StateKey(service, id))).Commit()
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		ikv = kvs[0]
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		skv = kvs[0]
+	}
+	return ikv, skv, resp.Header.Revision, nil
+}
+
+// owner is the secret hash a saved state holds ("" if none or junk).
+func (s *Store) owner(service, id string, skv *mvccpb.KeyValue) string {
+	if skv == nil {
+		return ""
+	}
+	st, err := decodeState(service, id, skv.Value)
+	if err != nil {
+		return ""
+	}
+	return st.Incarnation
+}
+
+func (s *Store) owns(sec, service, id string, skv *mvccpb.KeyValue) bool {
+	return secret.Matches(sec, s.owner(service, id, skv))
 }
 
 // Update applies fn to the current record of service/id and writes the
@@ -301,9 +383,19 @@ func (s *Store) UpdateIf(ctx context.Context, service, id string, guard []client
 	}
 	key := s.keys.Instance(service, id)
 	for {
-		cur, _, err := s.Get(ctx, service, id)
+		// The saved state is read with the record: its owner (the
+		// secret's hash) must be written back unchanged.
+		ikv, skv, _, err := s.read(ctx, service, id)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, fmt.Errorf("update %s: %w", key, err)
+		}
+		if ikv == nil {
+			return nil, 0, fmt.Errorf("%s/%s: %w", service, id, record.ErrNotFound)
+		}
+		cur, err := s.keys.Decode(key, ikv.Value, ikv.CreateRevision, ikv.ModRevision)
+		if err != nil {
+			s.junk(key, err)
+			return nil, 0, fmt.Errorf("%s/%s: %w (the stored record is junk)", service, id, record.ErrNotFound)
 		}
 		next := proto.CloneOf(cur)
 		if err := fn(next); err != nil {
@@ -320,12 +412,14 @@ func (s *Store) UpdateIf(ctx context.Context, service, id string, guard []client
 		if err != nil {
 			return nil, 0, err
 		}
-		sval, err := encodeState(next)
+		sval, err := encodeState(next, s.owner(service, id, skv))
 		if err != nil {
 			return nil, 0, err
 		}
 		// The saved state follows the record in the same txn, so it is
-		// always the state of the latest record (see StateKey).
+		// always the state of the latest record (see StateKey). Every
+		// write of the state also writes the record, so comparing the
+		// record's revision covers the owner read with it.
 		cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)}, guard...)
 		resp, err := s.cli.Txn(ctx).If(cmps...).
 			Then(clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease()),
@@ -371,31 +465,46 @@ func (s *Store) SetLifecycle(ctx context.Context, service, id string, lc registr
 	})
 }
 
-// Deregister deletes service/id and its saved state, and revokes the lease
-// it was under. If leaseID is non-zero it deletes only while the record is
+// Deregister deletes service/id and its saved state as an operator, who
+// holds no secret, and revokes the lease the record was under, and only
+// that lease. If leaseID is non-zero it deletes only while the record is
 // under that lease, so a stale handle cannot remove a newer registration;
 // deleted is false when there was nothing (of that lease) to delete. With
-// no record at all, the saved state is deleted still: a graceful end after
-// a lost lease leaves nothing behind.
+// no record at all, the saved state is deleted still. Who may act as an
+// operator is the caller's decision (the server's policy).
 func (s *Store) Deregister(ctx context.Context, service, id string, leaseID int64) (deleted bool, rev int64, err error) {
-	if err := record.ValidService(service); err != nil {
-		return false, 0, err
-	}
-	if err := record.ValidID(id); err != nil {
-		return false, 0, err
-	}
+	return s.deregister(ctx, "", false, service, id, leaseID)
+}
+
+// DeregisterAs is the owner's Deregister: sec must be the registration's
+// secret, else it returns an error wrapping ErrNotOwner and writes
+// nothing. With no record (a graceful end after a lost lease) it deletes
+// the saved state if sec owns it, and otherwise nothing.
+func (s *Store) DeregisterAs(ctx context.Context, sec, service, id string, leaseID int64) (deleted bool, rev int64, err error) {
+	return s.deregister(ctx, sec, true, service, id, leaseID)
+}
+
+func (s *Store) deregister(ctx context.Context, sec string, asOwner bool, service, id string, leaseID int64) (deleted bool, rev int64, err error) {
 	key := s.keys.Instance(service, id)
 	skey := s.StateKey(service, id)
 	for {
-		resp, err := s.cli.Get(ctx, key)
+		ikv, skv, rev, err := s.read(ctx, service, id)
 		if err != nil {
 			return false, 0, fmt.Errorf("deregister %s: %w", key, err)
 		}
-		if len(resp.Kvs) == 0 {
-			// Only while there is still no record: a registration that
-			// lands meanwhile writes its own state.
+		var stateRev int64
+		if skv != nil {
+			stateRev = skv.ModRevision
+		}
+		ours := !asOwner || s.owns(sec, service, id, skv)
+		if ikv == nil {
+			if !ours || skv == nil {
+				return false, rev, nil // nothing of the caller's to delete
+			}
+			// Only while there is still no record and the state is as
+			// read: a registration that lands meanwhile writes its own.
 			tx, err := s.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+				If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), clientv3.Compare(clientv3.ModRevision(skey), "=", stateRev)).
 				Then(clientv3.OpDelete(skey)).
 				Commit()
 			if err != nil {
@@ -404,18 +513,20 @@ func (s *Store) Deregister(ctx context.Context, service, id string, leaseID int6
 			if !tx.Succeeded {
 				continue
 			}
-			if leaseID != 0 {
-				s.revoke(clientv3.LeaseID(leaseID))
-			}
 			return false, tx.Header.Revision, nil
 		}
-		kv := resp.Kvs[0]
-		if leaseID != 0 && kv.Lease != leaseID {
-			s.revoke(clientv3.LeaseID(leaseID))
-			return false, resp.Header.Revision, nil
+		if !ours {
+			return false, rev, fmt.Errorf("deregister %s: %w", key, ErrNotOwner)
+		}
+		if leaseID != 0 && ikv.Lease != leaseID {
+			// A stale handle: the record is a newer registration's. The
+			// lease it names is not revoked: nothing says it is the
+			// caller's (it could be anyone's, the prober's session
+			// included); if it is, it expires within its TTL.
+			return false, rev, nil
 		}
 		tx, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", ikv.ModRevision), clientv3.Compare(clientv3.ModRevision(skey), "=", stateRev)).
 			Then(clientv3.OpDelete(key), clientv3.OpDelete(skey)).
 			Commit()
 		if err != nil {
@@ -424,8 +535,8 @@ func (s *Store) Deregister(ctx context.Context, service, id string, leaseID int6
 		if !tx.Succeeded {
 			continue
 		}
-		if kv.Lease != 0 {
-			s.revoke(clientv3.LeaseID(kv.Lease))
+		if ikv.Lease != 0 {
+			s.revoke(clientv3.LeaseID(ikv.Lease))
 		}
 		return true, tx.Header.Revision, nil
 	}

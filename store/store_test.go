@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/secret"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/store"
@@ -33,7 +35,7 @@ func newStore(t *testing.T) (*store.Store, *clientv3.Client, *atomic.Int64) {
 }
 
 func inst(service, id string) *registryv1.Instance {
-	return &registryv1.Instance{Service: service, Id: id, Address: "127.0.0.1:8080", Incarnation: "inc-" + id}
+	return &registryv1.Instance{Service: service, Id: id, Address: "127.0.0.1:8080"}
 }
 
 func TestRegisterGetList(t *testing.T) {
@@ -77,22 +79,46 @@ func TestRegisterGetList(t *testing.T) {
 	}
 }
 
-func TestDuplicateAndIncarnation(t *testing.T) {
+func TestDuplicateAndOwner(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	first, err := s.Register(ctx, inst("orders", "a"), 0)
+	claimed := inst("orders", "a")
+	claimed.Incarnation = "inc-a" // what an older client sends: kept nowhere
+	first, err := s.Register(ctx, claimed, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := inst("orders", "a")
-	other.Incarnation = "someone-else"
-	if _, err := s.Register(ctx, other, 0); !errors.Is(err, record.ErrAlreadyExists) {
-		t.Fatalf("duplicate register: %v", err)
+	if secret.Valid(first.Secret) != nil {
+		t.Fatalf("Register returned secret %q", first.Secret)
 	}
-	// The same incarnation takes over and revokes its old lease.
-	second, err := s.Register(ctx, inst("orders", "a"), 0)
+	// Nothing readable grants the take-over: not the incarnation the
+	// request carried (it is not even stored), not another secret.
+	if got := storedRecord(t, s, "orders", "a"); got.Incarnation != "" {
+		t.Fatalf("the record stores incarnation %q", got.Incarnation)
+	}
+	before := revision(t, cli)
+	for name, sec := range map[string]string{"no secret": "", "another secret": secret.New()} {
+		_, err := s.RegisterAs(ctx, sec, claimed, 0)
+		if !errors.Is(err, record.ErrAlreadyExists) {
+			t.Fatalf("register with %s over a live record: %v", name, err)
+		}
+		if strings.Contains(err.Error(), first.Secret) || strings.Contains(err.Error(), secret.Hash(first.Secret)) {
+			t.Fatalf("AlreadyExists carries the secret: %v", err)
+		}
+	}
+	if _, err := s.RegisterAs(ctx, "guessed", inst("orders", "a"), 0); !errors.Is(err, record.ErrInvalid) {
+		t.Fatalf("a malformed secret: %v", err)
+	}
+	if after := revision(t, cli); after != before {
+		t.Fatalf("refused registrations moved etcd from revision %d to %d", before, after)
+	}
+	// The owner's secret takes over and revokes its old lease.
+	second, err := s.RegisterAs(ctx, first.Secret, inst("orders", "a"), 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if second.Secret != first.Secret || !second.Replaced {
+		t.Fatalf("take-over by the owner: secret kept %v, replaced %v", second.Secret == first.Secret, second.Replaced)
 	}
 	if second.LeaseID == first.LeaseID {
 		t.Fatal("takeover kept the old lease")
@@ -249,11 +275,32 @@ func TestDeregisterOnlyOwnLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted, _, err := s.Deregister(ctx, "orders", "a", reg.LeaseID+1)
-	if err != nil || deleted {
-		t.Fatalf("deregister with a stale lease: deleted=%v err=%v", deleted, err)
+	// A lease that is not the record's (here: someone's session) is
+	// never revoked, whoever names it.
+	other, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
 	}
-	deleted, _, err = s.Deregister(ctx, "orders", "a", reg.LeaseID)
+	for name, dereg := range map[string]func() (bool, int64, error){
+		"operator": func() (bool, int64, error) { return s.Deregister(ctx, "orders", "a", int64(other.ID)) },
+		"owner":    func() (bool, int64, error) { return s.DeregisterAs(ctx, reg.Secret, "orders", "a", int64(other.ID)) },
+	} {
+		deleted, _, err := dereg()
+		if err != nil || deleted {
+			t.Fatalf("%s deregister naming another lease: deleted=%v err=%v", name, deleted, err)
+		}
+		if ttl, err := cli.TimeToLive(ctx, other.ID); err != nil || ttl.TTL <= 0 {
+			t.Fatalf("%s deregister revoked a lease that is not the record's: ttl %v, %v", name, ttl, err)
+		}
+	}
+	before := revision(t, cli)
+	if _, _, err := s.DeregisterAs(ctx, secret.New(), "orders", "a", reg.LeaseID); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("deregister with another secret: %v", err)
+	}
+	if after := revision(t, cli); after != before {
+		t.Fatalf("a refused deregister moved etcd from revision %d to %d", before, after)
+	}
+	deleted, _, err := s.DeregisterAs(ctx, reg.Secret, "orders", "a", reg.LeaseID)
 	if err != nil || !deleted {
 		t.Fatalf("deregister: deleted=%v err=%v", deleted, err)
 	}
@@ -273,7 +320,7 @@ func TestLeaseExpiryRemovesInstance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.KeepAlive(ctx, reg.LeaseID); err != nil {
+	if _, err := s.KeepAliveAs(ctx, reg.Secret, "orders", "a", reg.LeaseID); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -287,7 +334,7 @@ func TestLeaseExpiryRemovesInstance(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if _, err := s.KeepAlive(ctx, reg.LeaseID); !errors.Is(err, store.ErrLeaseLost) {
+	if _, err := s.KeepAliveAs(ctx, reg.Secret, "orders", "a", reg.LeaseID); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("keepalive of an expired lease: %v", err)
 	}
 }
@@ -314,4 +361,61 @@ func TestCompactRevision(t *testing.T) {
 	if err != nil || c != last-2 {
 		t.Fatalf("compact revision = %d, %v; want %d", c, err, last-2)
 	}
+}
+
+// KeepAliveAs renews only the lease the owner's record is under: never
+// another lease (a foreign one, the prober's election session), never
+// for a caller without the secret.
+func TestKeepAliveOnlyOwnRegistration(t *testing.T) {
+	s, cli, _ := newStore(t)
+	ctx := context.Background()
+	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	session, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.KeepAliveAs(ctx, reg.Secret, "orders", "a", int64(session.ID)); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("owner renewing a lease that is not its record's: %v", err)
+	}
+	if _, err := s.KeepAliveAs(ctx, secret.New(), "orders", "a", reg.LeaseID); !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("another secret renewing the record's lease: %v", err)
+	}
+	if _, err := s.KeepAliveAs(ctx, "", "orders", "nobody", int64(session.ID)); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("renewing a lease under no record: %v", err)
+	}
+	if ttl, err := s.KeepAliveAs(ctx, reg.Secret, "orders", "a", reg.LeaseID); err != nil || ttl <= 0 {
+		t.Fatalf("the owner renewing its own lease: %v, %v", ttl, err)
+	}
+}
+
+// A lifecycle or health write keeps the owner: the secret still works
+// after a drain.
+func TestUpdateKeepsOwner(t *testing.T) {
+	s, _, _ := newStore(t)
+	ctx := context.Background()
+	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.SetLifecycle(ctx, "orders", "a", registryv1.Lifecycle_LIFECYCLE_DRAINING, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.KeepAliveAs(ctx, reg.Secret, "orders", "a", reg.LeaseID); err != nil {
+		t.Fatalf("the owner's keepalive after a drain: %v", err)
+	}
+	if again, err := s.RegisterAs(ctx, reg.Secret, inst("orders", "a"), 0); err != nil || !again.Replaced {
+		t.Fatalf("the owner's re-registration after a drain: %v", err)
+	}
+}
+
+func revision(t *testing.T, cli *clientv3.Client) int64 {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), "\x00")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/node"
 )
 
@@ -111,7 +112,10 @@ func (s *etcdServer) Close() {
 // startNode runs a regnode in-process on the given etcd endpoints.
 func startNode(ctx context.Context, e *env, endpoints []string, mod func(*node.Config)) (*node.Node, error) {
 	cfg := node.Config{EtcdEndpoints: endpoints, Listen: "127.0.0.1:0", MetricsListen: "off",
-		Logger: e.log, ShutdownGrace: 500 * time.Millisecond}
+		Logger: e.log, ShutdownGrace: 500 * time.Millisecond,
+		// The scenarios measure the registry's cost from one host
+		// (16,000 registrations, 10,000 subscribers): no per-peer limits.
+		Limits: peerlimit.Unlimited()}
 	if mod != nil {
 		mod(&cfg)
 	}

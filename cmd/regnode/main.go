@@ -104,6 +104,12 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.IntVar(&cfg.RingSize, "watch-ring-size", 10000, "recent events kept to resume subscribers without a reset")
 	f.IntVar(&cfg.QueueSize, "watch-queue-size", 1024, "messages queued per subscriber before it is reset")
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "how long calls in flight may finish on shutdown")
+	f.Float64Var(&cfg.Limits.WriteRate, "write-rate", cfg.Limits.WriteRate, "Register, Deregister, Drain and Undrain calls per second per peer address")
+	f.IntVar(&cfg.Limits.WriteBurst, "write-burst", cfg.Limits.WriteBurst, "writes a peer may make at once before --write-rate applies")
+	f.Float64Var(&cfg.Limits.KeepAliveRate, "keepalive-rate", cfg.Limits.KeepAliveRate, "lease renewals per second per peer address")
+	f.IntVar(&cfg.Limits.KeepAliveBurst, "keepalive-burst", cfg.Limits.KeepAliveBurst, "renewals a peer may make at once before --keepalive-rate applies")
+	f.IntVar(&cfg.Limits.MaxStreams, "max-streams-per-peer", cfg.Limits.MaxStreams, "concurrent Watch and KeepAlive streams per peer address")
+	f.StringVar(&cfg.OperatorDeregister, "operator-deregister", cfg.OperatorDeregister, "who may deregister without the registration's secret: loopback (callers on this host) or none")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cmd.SetArgs(args)
 

@@ -207,6 +207,9 @@ func TestBadConfigurationExits2(t *testing.T) {
 		{"bad env duration", map[string]string{"REGNODE_SESSION_TTL": "soon"}, nil, "REGNODE_SESSION_TTL"},
 		{"bad cluster state", map[string]string{"REGNODE_INITIAL_CLUSTER_STATE": "old"}, nil, "--initial-cluster-state"},
 		{"argument", nil, []string{"extra"}, "unknown command"},
+		{"zero write burst", nil, []string{"--write-burst", "0"}, "--write-burst"},
+		{"bad env stream cap", map[string]string{"REGNODE_MAX_STREAMS_PER_PEER": "0"}, nil, "--max-streams-per-peer"},
+		{"bad operator policy", nil, []string{"--operator-deregister", "anyone"}, "--operator-deregister"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.env, tc.args...)

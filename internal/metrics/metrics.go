@@ -21,7 +21,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	Registrations      prometheus.Counter
-	ReRegistrations    prometheus.Counter     // replaced the instance's own live record (same incarnation)
+	ReRegistrations    prometheus.Counter     // replaced the instance's own record (same owner: its secret)
 	RegistrationErrors *prometheus.CounterVec // by gRPC code
 	KeepAlives         prometheus.Counter
 	KeepAliveLost      prometheus.Counter
@@ -42,6 +42,8 @@ type Metrics struct {
 	Leading            prometheus.Gauge
 	Requests           *prometheus.CounterVec   // by method, code
 	RequestSeconds     *prometheus.HistogramVec // by method
+	Limited            *prometheus.CounterVec   // calls refused by a per-peer limit, by limit
+	NotOwner           *prometheus.CounterVec   // calls refused for want of the registration's secret, by method
 }
 
 // New creates the metrics on a fresh registry that also carries the Go
@@ -52,7 +54,7 @@ func New() *Metrics {
 	m := &Metrics{
 		Registry:           r,
 		Registrations:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_registrations_total", Help: "Instances registered (each lease granted and put)."}),
-		ReRegistrations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_reregistrations_total", Help: "Registers that replaced the instance's own record still alive under an older lease (same incarnation)."}),
+		ReRegistrations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_reregistrations_total", Help: "Registers by the same owner (its secret) that replaced its record still alive under an older lease, or came back after the lease was lost."}),
 		RegistrationErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_registration_errors_total", Help: "Registrations refused or failed, by gRPC code."}, []string{"code"}),
 		KeepAlives:         prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_keepalives_total", Help: "Lease renewals served."}),
 		KeepAliveLost:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_keepalive_lost_total", Help: "Renewals of leases that no longer exist (the instance must register again)."}),
@@ -73,8 +75,10 @@ func New() *Metrics {
 		Leading:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_prober_leader", Help: "1 while this regnode leads the prober."}),
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_requests_total", Help: "API calls, by method and gRPC code."}, []string{"method", "code"}),
 		RequestSeconds:     prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "registry_request_seconds", Help: "Latency of unary API calls.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"method"}),
+		Limited:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_limited_total", Help: "Calls refused with ResourceExhausted by a per-peer limit, by limit (write_rate, keepalive_rate, streams)."}, []string{"limit"}),
+		NotOwner:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_not_owner_total", Help: "KeepAlive and Deregister calls refused with PermissionDenied: no or another registration secret, by method."}, []string{"method"}),
 	}
-	r.MustRegister(m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
+	r.MustRegister(m.Limited, m.NotOwner, m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
 		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.ResetsSent, m.WatchRestarts, m.StaleBatches,
 		m.Probes, m.ProbeSeconds, m.Transitions, m.FenceRejections, m.LeaderChanges, m.Leading, m.Requests, m.RequestSeconds)
 	return m

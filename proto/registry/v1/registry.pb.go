@@ -446,9 +446,10 @@ type Instance struct {
 	Health          *Health                `protobuf:"bytes,11,opt,name=health,proto3" json:"health,omitempty"`
 	LeaseId         int64                  `protobuf:"varint,12,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	RegisteredAt    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=registered_at,json=registeredAt,proto3" json:"registered_at,omitempty"`
-	// incarnation identifies one registration handle: a register with the same
-	// incarnation may replace a record still alive under an older lease (the
-	// handle lost its lease, etcd was restored); any other is AlreadyExists.
+	// incarnation grants nothing and is not stored in records: ownership of
+	// a registration is its secret (RegisterResponse.secret). In the saved
+	// state key <prefix>state/<service>/<id>, which no read returns, the
+	// registry keeps here the SHA-256 of that secret ("sha256:<hex>").
 	Incarnation string `protobuf:"bytes,14,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// Filled on read from etcd's key metadata; never stored.
 	ModRevision    int64 `protobuf:"varint,15,opt,name=mod_revision,json=modRevision,proto3" json:"mod_revision,omitempty"`
@@ -611,9 +612,17 @@ func (x *Instance) GetRoutableSince() *timestamppb.Timestamp {
 }
 
 type RegisterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Instance      *Instance              `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
-	Ttl           *durationpb.Duration   `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"` // 2s..1h, default 10s
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Instance *Instance              `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	Ttl      *durationpb.Duration   `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"` // 2s..1h, default 10s
+	// The registration's secret (32 random bytes, base64). Empty: the
+	// registry makes one. To replace a record still alive (the handle lost
+	// track of its lease) or to come back with the state an operator or the
+	// prober set after a lost lease, it must be the secret of that
+	// registration; otherwise a live id is AlreadyExists. A client may also
+	// make its own for a first registration, so a retry whose first attempt
+	// landed unseen is still its own.
+	Secret        string `protobuf:"bytes,10,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -662,12 +671,22 @@ func (x *RegisterRequest) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *RegisterRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
 type RegisterResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       int64                  `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
-	TtlSeconds    int64                  `protobuf:"varint,3,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
-	Instance      *Instance              `protobuf:"bytes,4,opt,name=instance,proto3" json:"instance,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId    int64                  `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Revision   int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	TtlSeconds int64                  `protobuf:"varint,3,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	Instance   *Instance              `protobuf:"bytes,4,opt,name=instance,proto3" json:"instance,omitempty"`
+	// The secret that KeepAlive and Deregister of this registration need.
+	// Returned only here: no read ever shows it, the registry keeps a hash.
+	Secret        string `protobuf:"bytes,10,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -730,9 +749,22 @@ func (x *RegisterResponse) GetInstance() *Instance {
 	return nil
 }
 
+func (x *RegisterResponse) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+// KeepAliveRequest renews the lease of one registration: the record
+// service/id must be under lease_id, and secret must be its secret.
+// Nothing else (an election session, a foreign lease) is ever renewed.
 type KeepAliveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	LeaseId       int64                  `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Service       string                 `protobuf:"bytes,10,opt,name=service,proto3" json:"service,omitempty"`
+	Id            string                 `protobuf:"bytes,11,opt,name=id,proto3" json:"id,omitempty"`
+	Secret        string                 `protobuf:"bytes,12,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -772,6 +804,27 @@ func (x *KeepAliveRequest) GetLeaseId() int64 {
 		return x.LeaseId
 	}
 	return 0
+}
+
+func (x *KeepAliveRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *KeepAliveRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *KeepAliveRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
 }
 
 type KeepAliveResponse struct {
@@ -847,8 +900,13 @@ type DeregisterRequest struct {
 	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
 	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
 	// If non-zero, delete only while the record is still under this lease
-	// (a stale handle cannot remove a newer registration).
-	LeaseId       int64 `protobuf:"varint,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// (a stale handle cannot remove a newer registration). Only the
+	// record's own lease is ever revoked, never one a caller names.
+	LeaseId int64 `protobuf:"varint,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The registration's secret: the owner's graceful end. Without it the
+	// call is an operator's, which this regnode allows only from the peers
+	// its policy names (see regnode --operator-deregister).
+	Secret        string `protobuf:"bytes,10,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -902,6 +960,13 @@ func (x *DeregisterRequest) GetLeaseId() int64 {
 		return x.LeaseId
 	}
 	return 0
+}
+
+func (x *DeregisterRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
 }
 
 type DeregisterResponse struct {
@@ -2238,28 +2303,38 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0eroutable_since\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rroutableSince\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"q\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x01\n" +
 	"\x0fRegisterRequest\x121\n" +
 	"\binstance\x18\x01 \x01(\v2\x15.registry.v1.InstanceR\binstance\x12+\n" +
-	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x9d\x01\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x16\n" +
+	"\x06secret\x18\n" +
+	" \x01(\tR\x06secret\"\xb5\x01\n" +
 	"\x10RegisterResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1f\n" +
 	"\vttl_seconds\x18\x03 \x01(\x03R\n" +
 	"ttlSeconds\x121\n" +
-	"\binstance\x18\x04 \x01(\v2\x15.registry.v1.InstanceR\binstance\"-\n" +
+	"\binstance\x18\x04 \x01(\v2\x15.registry.v1.InstanceR\binstance\x12\x16\n" +
+	"\x06secret\x18\n" +
+	" \x01(\tR\x06secret\"o\n" +
 	"\x10KeepAliveRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\x03R\aleaseId\"\x7f\n" +
+	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x18\n" +
+	"\aservice\x18\n" +
+	" \x01(\tR\aservice\x12\x0e\n" +
+	"\x02id\x18\v \x01(\tR\x02id\x12\x16\n" +
+	"\x06secret\x18\f \x01(\tR\x06secret\"\x7f\n" +
 	"\x11KeepAliveResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
 	"ttlSeconds\x12\x12\n" +
 	"\x04lost\x18\x03 \x01(\bR\x04lost\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x03R\brevision\"X\n" +
+	"\brevision\x18\x04 \x01(\x03R\brevision\"p\n" +
 	"\x11DeregisterRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x19\n" +
-	"\blease_id\x18\x03 \x01(\x03R\aleaseId\"J\n" +
+	"\blease_id\x18\x03 \x01(\x03R\aleaseId\x12\x16\n" +
+	"\x06secret\x18\n" +
+	" \x01(\tR\x06secret\"J\n" +
 	"\x12DeregisterResponse\x12\x18\n" +
 	"\adeleted\x18\x01 \x01(\bR\adeleted\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"P\n" +
