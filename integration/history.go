@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -48,8 +50,11 @@ func RecordHistory(t testing.TB, cli *clientv3.Client) *History {
 	h := &History{keys: record.NewKeys(""), cli: cli, done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	wch := cli.Watch(clientv3.WithRequireLeader(ctx), h.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(1),
-		clientv3.WithProgressNotify())
+	watch := func(from int64) clientv3.WatchChan {
+		return cli.Watch(clientv3.WithRequireLeader(ctx), h.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(from),
+			clientv3.WithProgressNotify())
+	}
+	wch := watch(1)
 	go func() {
 		defer close(h.done)
 		tick := time.NewTicker(100 * time.Millisecond)
@@ -61,22 +66,40 @@ func RecordHistory(t testing.TB, cli *clientv3.Client) *History {
 			case <-tick.C:
 				cli.RequestProgress(clientv3.WithRequireLeader(ctx))
 			case resp, ok := <-wch:
-				if !ok {
+				h.mu.Lock()
+				var err error
+				if ok {
+					err = resp.Err()
+				}
+				if errors.Is(err, rpctypes.ErrCompacted) {
+					h.err = fmt.Errorf("history watch: %w (compacted before it was recorded)", err)
+				}
+				if ok {
+					for _, ev := range resp.Events {
+						h.events = append(h.events, Event{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Value: ev.Kv.Value,
+							Delete: ev.Type == clientv3.EventTypeDelete, Create: ev.Kv.CreateRevision})
+						h.rev = max(h.rev, ev.Kv.ModRevision)
+					}
+					if resp.IsProgressNotify() {
+						h.rev = max(h.rev, resp.Header.Revision)
+					}
+				}
+				from := h.rev + 1
+				h.mu.Unlock()
+				if ctx.Err() != nil {
 					return
 				}
-				h.mu.Lock()
-				if err := resp.Err(); err != nil {
-					h.err = fmt.Errorf("history watch: %w (compacted before it was recorded?)", err)
+				if !ok || (err != nil && !errors.Is(err, rpctypes.ErrCompacted)) {
+					// The member lost its leader (a member stopped) or the
+					// stream ended: resume after what is recorded, so the
+					// history stays whole.
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(100 * time.Millisecond):
+					}
+					wch = watch(from)
 				}
-				for _, ev := range resp.Events {
-					h.events = append(h.events, Event{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Value: ev.Kv.Value,
-						Delete: ev.Type == clientv3.EventTypeDelete, Create: ev.Kv.CreateRevision})
-					h.rev = max(h.rev, ev.Kv.ModRevision)
-				}
-				if resp.IsProgressNotify() {
-					h.rev = max(h.rev, resp.Header.Revision)
-				}
-				h.mu.Unlock()
 			}
 		}
 	}()
