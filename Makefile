@@ -3,7 +3,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN := $(shell go env GOPATH)/bin
 
-.PHONY: all build run test vet proto bench fuzz tools clean-data
+.PHONY: all build run demo test vet proto bench fuzz tools clean-data
 
 all: build
 
@@ -14,6 +14,12 @@ build:
 ## run: start one regnode on embedded etcd (API 127.0.0.1:7400, data ./regnode.data)
 run: build
 	./bin/regnode
+
+## demo: seed 001's experiment live (regnode, backends A B C, a client through
+## registry:///demo): a scripted story of failures and recoveries, then a summary;
+## `go run ./cmd/regdemo -interactive` takes the seed's commands instead
+demo:
+	go run ./cmd/regdemo
 
 ## test: vet, then every test under the race detector
 test:
