@@ -193,34 +193,41 @@ func (b *Backend) Close() {
 	b.wg.Wait()
 }
 
+// newHTTPClient is the demo's client of the backends' HTTP endpoints:
+// without keep-alive, so it holds no connection (and no goroutine) once
+// a request is done.
+func newHTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+}
+
 // toggleFail is the seed's `curl http://.../toggle_fail`: it flips the
 // backend at addr and returns its new fail mode.
-func toggleFail(ctx context.Context, addr string) (bool, error) {
+func toggleFail(ctx context.Context, hc *http.Client, addr string) (bool, error) {
 	var out struct {
 		FailMode bool `json:"fail_mode"`
 	}
-	if err := getJSON(ctx, "http://"+addr+"/toggle_fail", &out); err != nil {
+	if err := getJSON(ctx, hc, "http://"+addr+"/toggle_fail", &out); err != nil {
 		return false, err
 	}
 	return out.FailMode, nil
 }
 
 // backendStats reads addr's /stats.
-func backendStats(ctx context.Context, addr string) (stats, error) {
+func backendStats(ctx context.Context, hc *http.Client, addr string) (stats, error) {
 	var out stats
-	err := getJSON(ctx, "http://"+addr+"/stats", &out)
+	err := getJSON(ctx, hc, "http://"+addr+"/stats", &out)
 	return out, err
 }
 
 // isDown asks addr's /health, as the prober does.
-func isDown(ctx context.Context, addr string) (bool, error) {
+func isDown(ctx context.Context, hc *http.Client, addr string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
 	if err != nil {
 		return false, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return false, fmt.Errorf("GET %s/health: %w", addr, err)
 	}
@@ -228,14 +235,14 @@ func isDown(ctx context.Context, addr string) (bool, error) {
 	return resp.StatusCode != http.StatusOK, nil
 }
 
-func getJSON(ctx context.Context, url string, v any) error {
+func getJSON(ctx context.Context, hc *http.Client, url string, v any) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("GET %s: %w", url, err)
 	}

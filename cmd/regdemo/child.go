@@ -93,7 +93,7 @@ func child(args []string, stdin io.Reader, stdout io.Writer) error {
 	}
 	defer b.Close()
 	c, err := client.New(client.Config{Endpoints: []string{regnode},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Logger: slog.New(newLineHandler(os.Stderr, id+" proc ", slog.LevelWarn))})
 	if err != nil {
 		return err
 	}

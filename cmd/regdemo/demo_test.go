@@ -212,3 +212,62 @@ func (s *syncWriter) String() string {
 	defer s.mu.Unlock()
 	return s.w.(*bytes.Buffer).String()
 }
+
+// -interactive takes the seed's commands: a bad one is refused and
+// named, kill C kills C's process, quit stops everything cleanly.
+func TestInteractive(t *testing.T) {
+	defer goleak.VerifyNone(t, etcdtest.LeakOptions()...)
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	var buf bytes.Buffer
+	out := &syncWriter{w: &buf}
+	in, cmds := io.Pipe()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- RunInteractive(ctx, DefaultSettings(), in, out) }()
+	waitOut := func(s string) {
+		t.Helper()
+		for !strings.Contains(out.String(), s) {
+			select {
+			case err := <-done:
+				t.Fatalf("ended before %q: %v\n%s", s, err, out.String())
+			case <-ctx.Done():
+				t.Fatalf("no %q in:\n%s", s, out.String())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	send := func(line string) {
+		t.Helper()
+		if _, err := io.WriteString(cmds, line+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitOut(" call 1 ")
+	pid := 0
+	if m := regexp.MustCompile(`pid (\d+)`).FindStringSubmatch(out.String()); m == nil {
+		t.Fatalf("no pid of C in:\n%s", out.String())
+	} else {
+		pid, _ = strconv.Atoi(m[1])
+	}
+	send("frobnicate")
+	waitOut(`!! unknown command "frobnicate"`)
+	send("kill A")
+	waitOut("!! only C runs in a process of its own")
+	send("kill C")
+	waitOut("C killed (SIGKILL)")
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("C (pid %d) still there after kill C: %v", pid, err)
+	}
+	send("status")
+	waitOut("after: kill C")
+	send("quit")
+	if err := <-done; err != nil {
+		t.Fatalf("quit: %v", err)
+	}
+	cmds.Close()
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("left in the temp dir: %v", left)
+	}
+}

@@ -34,10 +34,7 @@ func RunInteractive(ctx context.Context, s Settings, in io.Reader, out io.Writer
 	story := newStory(st, out, start)
 	story.mon = StartMonitor(st, out, start)
 	defer story.mon.Stop()
-	story.say("%s", s.describe())
-	for _, id := range ids {
-		fmt.Fprintf(out, "          backend %s: curl http://%s/toggle_fail\n", id, st.Addr(id))
-	}
+	story.header()
 	fmt.Fprintln(out, interactiveHelp)
 	story.ph.enter("start", "start")
 	story.caller = StartCaller(st.cc, out, start, story.ph.current)
@@ -152,14 +149,19 @@ func (s *Story) heal(ctx context.Context) error {
 	view := s.st.View()
 	for _, id := range ids {
 		if id == "C" && !s.st.CAlive() {
-			s.say("starting C again (it waits for its old registration's lease to expire)")
+			if _, ok := view["C"]; ok {
+				s.say("waiting for the killed C's record to go (its lease expires within %v) before starting C again", s.st.settings.TTL)
+				if err := s.waitFor(ctx, "the killed C's record gone", func() bool { _, ok := s.st.View()["C"]; return !ok }); err != nil {
+					return err
+				}
+			}
 			if err := s.st.StartC(ctx); err != nil {
 				return err
 			}
 			s.say("C running again on %s", s.st.Addr("C"))
 			continue
 		}
-		down, err := isDown(ctx, s.st.Addr(id))
+		down, err := isDown(ctx, s.st.http, s.st.Addr(id))
 		if err != nil {
 			return err
 		}

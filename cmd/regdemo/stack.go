@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -82,6 +83,7 @@ type Stack struct {
 	client   *client.Client
 	sub      *client.Subscription
 	cc       *grpc.ClientConn
+	http     *http.Client // to the backends' HTTP endpoints
 
 	mu struct {
 		sync.Mutex
@@ -95,7 +97,7 @@ type Stack struct {
 // StartStack brings everything up; on error it has stopped what it had
 // started.
 func StartStack(ctx context.Context, s Settings, out io.Writer) (_ *Stack, err error) {
-	st := &Stack{settings: s, out: out}
+	st := &Stack{settings: s, out: out, http: newHTTPClient()}
 	st.mu.local, st.mu.regs, st.mu.addrs = map[string]*Backend{}, map[string]*client.Registration{}, map[string]string{}
 	defer func() {
 		if err != nil {
@@ -220,7 +222,7 @@ func (st *Stack) Toggle(ctx context.Context, id string) (bool, error) {
 	if id == "C" && !st.CAlive() {
 		return false, errors.New("C is not running (kill C; heal starts it again)")
 	}
-	return toggleFail(ctx, st.Addr(id))
+	return toggleFail(ctx, st.http, st.Addr(id))
 }
 
 // CPid is the pid of C's process (0 if not running).

@@ -115,18 +115,24 @@ func (s *Story) health(id string) registryv1.HealthState {
 	return s.st.View()[id].GetHealth().GetState()
 }
 
-// Run plays the story and returns its summary.
-func (s *Story) Run(ctx context.Context) (*Summary, error) {
-	s.mon = StartMonitor(s.st, s.out, s.start)
-	defer s.mon.Stop()
+// header says what runs where and what differs from the SDK's defaults.
+func (s *Story) header() {
 	s.say("%s", s.st.settings.describe())
 	for _, id := range ids {
 		where := "this process"
 		if id == "C" {
 			where = fmt.Sprintf("pid %d", s.st.CPid())
 		}
-		fmt.Fprintf(s.out, "          backend %s on %s (%s; gRPC Work; HTTP /health /work /toggle_fail /stats)\n", id, s.st.Addr(id), where)
+		fmt.Fprintf(s.out, "          backend %s on %s (%s; gRPC Work; HTTP: curl http://%s/toggle_fail, /health, /work, /stats)\n",
+			id, s.st.Addr(id), where, s.st.Addr(id))
 	}
+}
+
+// Run plays the story and returns its summary.
+func (s *Story) Run(ctx context.Context) (*Summary, error) {
+	s.mon = StartMonitor(s.st, s.out, s.start)
+	defer s.mon.Stop()
+	s.header()
 	s.say("waiting for the prober's first probes: an instance with a check takes calls once HEALTHY")
 	if err := s.waitFor(ctx, "A, B and C HEALTHY and in the client's picker", func() bool {
 		for _, id := range ids {
@@ -260,7 +266,7 @@ func (s *Story) script(ctx context.Context) error {
 	s.ph.enter(KeyCKilled, "C killed during a call")
 	s.caller.SetSlow(true)
 	if err := s.waitFor(ctx, "a call in flight on C", func() bool {
-		st, err := backendStats(ctx, s.st.Addr("C"))
+		st, err := backendStats(ctx, s.st.http, s.st.Addr("C"))
 		return err == nil && st.Inflight > 0
 	}); err != nil {
 		return err

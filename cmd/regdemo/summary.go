@@ -129,12 +129,14 @@ func (s *Summary) Render(w io.Writer) {
 	}
 	fmt.Fprintf(tw, "total\t\t%d\t%d\t%d\t\t\t\t\n", total.Calls, total.Failed, total.Retried)
 	tw.Flush()
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Switches (from the action to the first call, or registry event, that shows it):")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, sw := range s.Switches {
-		fmt.Fprintf(tw, "  %s\t%.2fs\t%s\n", sw.What, sw.Took.Seconds(), sw.Note)
+	if len(s.Switches) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Switches (from the action to the first call, or registry event, that shows it):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, sw := range s.Switches {
+			fmt.Fprintf(tw, "  %s\t%.2fs\t%s\n", sw.What, sw.Took.Seconds(), sw.Note)
+		}
+		tw.Flush()
 	}
-	tw.Flush()
 	fmt.Fprintf(w, "\nclient: %d ejections, %d half-open calls, %d returns, %d retries\n", s.Ejections, s.HalfOpenProbes, s.Returns, s.Retries)
 }
