@@ -271,3 +271,31 @@ func TestInteractive(t *testing.T) {
 		t.Errorf("left in the temp dir: %v", left)
 	}
 }
+
+// Close of a running stack stops C's process (reaped, not left to the
+// kernel's parent-death signal) and removes the temp dir.
+func TestCloseStopsEverything(t *testing.T) {
+	defer goleak.VerifyNone(t, etcdtest.LeakOptions()...)
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st, err := StartStack(ctx, DefaultSettings(), &syncWriter{w: new(bytes.Buffer)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kids := children(t); len(kids) != 1 || kids[0] != strconv.Itoa(st.CPid()) {
+		st.Close()
+		t.Fatalf("children %v, want C's pid %d", kids, st.CPid())
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 1 {
+		t.Errorf("want the stack's one temp dir, got %v", left)
+	}
+	st.Close()
+	if kids := children(t); len(kids) != 0 {
+		t.Errorf("child processes left after Close: %v", kids)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("left in the temp dir after Close: %v", left)
+	}
+}
