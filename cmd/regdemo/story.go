@@ -152,6 +152,11 @@ func (s *Story) Run(ctx context.Context) (*Summary, error) {
 		}
 	}()
 	if err := s.script(ctx); err != nil {
+		if ctx.Err() == nil { // what happened up to the step that failed
+			s.caller.Stop()
+			s.summary(s.caller.Calls()).Render(s.out)
+			s.caller = nil
+		}
 		return nil, err
 	}
 	s.caller.Stop()
