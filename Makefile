@@ -7,7 +7,7 @@ GOBIN := $(shell go env GOPATH)/bin
 # Docker build context without .git) build unstamped.
 BUILDVCS := $(shell git rev-parse --is-inside-work-tree >/dev/null 2>&1 && echo -buildvcs=true)
 
-.PHONY: all build run test vet proto bench fuzz tools clean-data
+.PHONY: all build run demo test vet proto bench fuzz tools clean-data
 
 all: build
 
@@ -18,6 +18,12 @@ build:
 ## run: start one regnode on embedded etcd (API 127.0.0.1:7400, data ./regnode.data)
 run: build
 	./bin/regnode
+
+## demo: seed 001's experiment live (regnode, backends A B C, a client through
+## registry:///demo): a scripted story of failures and recoveries, then a summary;
+## `go run ./cmd/regdemo -interactive` takes the seed's commands instead
+demo:
+	go run ./cmd/regdemo
 
 ## test: vet, then every test under the race detector; then the checks of
 ## the deployment files (a nested module: Prometheus' rule parser stays out
