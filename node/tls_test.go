@@ -1,0 +1,404 @@
+package node_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/tlsfiles"
+	"github.com/regcluster/registry/internal/tlstest"
+	"github.com/regcluster/registry/node"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// startEmbedded runs a regnode embedding a fresh member on loopback,
+// cfg's other settings as given; ports taken meanwhile are retried.
+func startEmbedded(t *testing.T, cfg node.Config, clientScheme string) *node.Node {
+	t.Helper()
+	for attempt := 0; ; attempt++ {
+		c := cfg
+		c.Listen, c.MetricsListen, c.Logger, c.ShutdownGrace = "127.0.0.1:0", "127.0.0.1:0", quietLog, 200*time.Millisecond
+		c.Embed.Name, c.Embed.Dir, c.Embed.UnsafeNoFsync, c.Embed.LogLevel = "rn", t.TempDir(), true, "error"
+		c.Embed.ListenClientURLs = []string{fmt.Sprintf("%s://127.0.0.1:%d", clientScheme, etcdtest.FreePort(t))}
+		c.Embed.ListenPeerURLs = []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		n, err := node.Start(ctx, c)
+		cancel()
+		if err == nil {
+			t.Cleanup(func() {
+				if err := n.Close(); err != nil {
+					t.Errorf("close regnode: %v", err)
+				}
+			})
+			return n
+		}
+		if !etcdtest.AddrInUse(err) || attempt == 4 {
+			t.Fatalf("start regnode: %v", err)
+		}
+	}
+}
+
+func sdk(t *testing.T, addr string, cfg *tls.Config) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{Endpoints: []string{addr}, TLS: cfg, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close client: %v", err)
+		}
+	})
+	return c
+}
+
+func statusErr(c *client.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.API().Status(ctx, &registryv1.StatusRequest{})
+	return err
+}
+
+// servedSerial is the serial of the certificate a new connection to addr
+// is shown.
+func servedSerial(t *testing.T, addr string, cfg *tls.Config) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		t.Fatalf("TLS dial %s: %v", addr, err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
+
+// The API and the metrics port serve TLS: a plaintext client and a client
+// of another CA are refused, a client of the CA works; a rotated
+// certificate is shown to new connections while a Watch stream opened
+// before goes on receiving.
+func TestTLSListeners(t *testing.T) {
+	ca := tlstest.NewCA(t, "regnode-ca")
+	srv := ca.Server(t, "regnode")
+	n := startEmbedded(t, node.Config{TLS: tlsfiles.Server{CertFile: srv.CertFile, KeyFile: srv.KeyFile}}, "http")
+
+	plain, err := grpc.NewClient(n.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = registryv1.NewRegistryClient(plain).Status(ctx, &registryv1.StatusRequest{})
+	cancel()
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("plaintext Status: err = %v, want Unavailable", err)
+	}
+	other := tlstest.NewCA(t, "other-ca")
+	if err := statusErr(sdk(t, n.Addr(), tlstest.ClientConfig(t, other, nil))); status.Code(err) != codes.Unavailable ||
+		!strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Fatalf("client of another CA: err = %v, want Unavailable naming the unknown authority", err)
+	}
+	good := sdk(t, n.Addr(), tlstest.ClientConfig(t, ca, nil))
+	if err := statusErr(good); err != nil {
+		t.Fatalf("client of the CA: %v", err)
+	}
+
+	// Metrics over HTTPS; plain HTTP gets the server's refusal.
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlstest.ClientConfig(t, ca, nil)}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("https://" + n.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatalf("GET metrics over HTTPS: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "registry_") {
+		t.Fatalf("metrics over HTTPS: %s\n%.300s", resp.Status, body)
+	}
+	if resp, err := http.Get("http://" + n.MetricsAddr() + "/metrics"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("plain HTTP to the metrics port: %s, want 400", resp.Status)
+		}
+	}
+
+	// A Watch stream opened before the rotation.
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	w, err := good.API().Watch(wctx, &registryv1.WatchRequest{Service: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := w.Recv(); err != nil || m.GetSnapshot() == nil {
+		t.Fatalf("first Watch message = %v, %v; want the snapshot", m, err)
+	}
+	if got := servedSerial(t, n.Addr(), tlstest.ClientConfig(t, ca, nil)); got != srv.Serial.String() {
+		t.Fatalf("served serial %s, want %s", got, srv.Serial)
+	}
+	rotated := ca.Server(t, "regnode-2")
+	tlstest.Replace(t, srv, rotated)
+	if got := servedSerial(t, n.Addr(), tlstest.ClientConfig(t, ca, nil)); got != rotated.Serial.String() {
+		t.Fatalf("after rotation the API serves serial %s, want %s", got, rotated.Serial)
+	}
+	if got := servedSerial(t, n.MetricsAddr(), tlstest.ClientConfig(t, ca, nil)); got != rotated.Serial.String() {
+		t.Fatalf("after rotation the metrics port serves serial %s, want %s", got, rotated.Serial)
+	}
+	// A new client registers; the old stream hears it.
+	fresh := sdk(t, n.Addr(), tlstest.ClientConfig(t, ca, nil))
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	if _, err := fresh.API().Register(rctx, &registryv1.RegisterRequest{Instance: &registryv1.Instance{Service: "orders", Id: "o-1", Address: "10.0.0.1:80"}}); err != nil {
+		t.Fatalf("Register over a connection made after the rotation: %v", err)
+	}
+	for {
+		m, err := w.Recv()
+		if err != nil {
+			t.Fatalf("the Watch stream opened before the rotation ended: %v", err)
+		}
+		if evs := m.GetEvents(); evs != nil && len(evs.Events) > 0 && evs.Events[0].Id == "o-1" {
+			break
+		}
+	}
+}
+
+// With --client-cert-auth a client without a certificate, or with one of
+// another CA, is refused; one with a certificate of the trusted CA works.
+func TestClientCertAuth(t *testing.T) {
+	ca := tlstest.NewCA(t, "regnode-ca")
+	clients := tlstest.NewCA(t, "client-ca")
+	other := tlstest.NewCA(t, "other-ca")
+	srv := ca.Server(t, "regnode")
+	n := startEmbedded(t, node.Config{TLS: tlsfiles.Server{CertFile: srv.CertFile, KeyFile: srv.KeyFile,
+		TrustedCAFile: clients.CertFile, ClientCertAuth: true}}, "http")
+
+	if err := statusErr(sdk(t, n.Addr(), tlstest.ClientConfig(t, ca, nil))); status.Code(err) != codes.Unavailable {
+		t.Fatalf("client without a certificate: err = %v, want Unavailable", err)
+	}
+	stranger := other.Client(t, "stranger")
+	if err := statusErr(sdk(t, n.Addr(), tlstest.ClientConfig(t, ca, &stranger))); status.Code(err) != codes.Unavailable {
+		t.Fatalf("client with a certificate of another CA: err = %v, want Unavailable", err)
+	}
+	expired := clients.Expired(t, "late")
+	if err := statusErr(sdk(t, n.Addr(), tlstest.ClientConfig(t, ca, &expired))); status.Code(err) != codes.Unavailable {
+		t.Fatalf("client with an expired certificate: err = %v, want Unavailable", err)
+	}
+	alice := clients.Client(t, "alice")
+	if err := statusErr(sdk(t, n.Addr(), tlstest.ClientConfig(t, ca, &alice))); err != nil {
+		t.Fatalf("client with a certificate of the trusted CA: %v", err)
+	}
+	// The metrics port asks for one too.
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlstest.ClientConfig(t, ca, nil)}}
+	defer hc.CloseIdleConnections()
+	if resp, err := hc.Get("https://" + n.MetricsAddr() + "/metrics"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("metrics without a client certificate: %s, want refused", resp.Status)
+	}
+}
+
+// A listener that anyone off this host could reach, serving plaintext, is
+// refused unless Insecure says so; TLS, or a loopback address, is fine.
+func TestInsecureListenerRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  func(*node.Config)
+		flag string
+	}{
+		{"api", func(c *node.Config) { c.Listen = "0.0.0.0:7400" }, "--listen 0.0.0.0:7400"},
+		{"api all interfaces", func(c *node.Config) { c.Listen = ":7400" }, "--listen :7400"},
+		{"metrics", func(c *node.Config) { c.MetricsListen = "192.0.2.1:7401" }, "--metrics-listen 192.0.2.1:7401"},
+		{"etcd client", func(c *node.Config) { c.Embed.ListenClientURLs = []string{"http://0.0.0.0:2379"} }, "--listen-client-urls http://0.0.0.0:2379"},
+		{"etcd peer", func(c *node.Config) { c.Embed.ListenPeerURLs = []string{"http://10.1.2.3:2380"} }, "--listen-peer-urls http://10.1.2.3:2380"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := node.DefaultConfig()
+			tc.cfg(&cfg)
+			err := cfg.Validate()
+			if !errors.Is(err, node.ErrInsecureListener) || !strings.Contains(err.Error(), tc.flag) || !strings.Contains(err.Error(), "--insecure") {
+				t.Fatalf("Validate = %v, want ErrInsecureListener naming %q and --insecure", err, tc.flag)
+			}
+			// Start refuses before it binds or writes anything.
+			cfg.Embed.Dir = t.TempDir() + "/data"
+			if _, err := node.Start(context.Background(), cfg); !errors.Is(err, node.ErrInsecureListener) {
+				t.Fatalf("Start = %v, want ErrInsecureListener", err)
+			}
+			cfg.Insecure = true
+			if err := cfg.Validate(); err != nil {
+				t.Fatalf("with Insecure: %v", err)
+			}
+		})
+	}
+	cfg := node.DefaultConfig()
+	cfg.Listen, cfg.MetricsListen = "0.0.0.0:7400", "[::]:7401"
+	cfg.TLS = tlsfiles.Server{CertFile: "c.pem", KeyFile: "k.pem"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("non-loopback with TLS: %v", err)
+	}
+	cfg = node.DefaultConfig()
+	cfg.Listen, cfg.MetricsListen = "localhost:7400", "[::1]:7401"
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("loopback without TLS: %v", err)
+	}
+}
+
+// startTLSEtcd runs an etcd member whose client port serves TLS with the
+// CA's certificate and requires client certificates of it.
+func startTLSEtcd(t *testing.T, ca *tlstest.CA) string {
+	t.Helper()
+	srv := ca.Server(t, "etcd")
+	for attempt := 0; ; attempt++ {
+		cu := fmt.Sprintf("https://127.0.0.1:%d", etcdtest.FreePort(t))
+		pu := fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		e, err := embedded.Start(ctx, embedded.Config{Name: "tls", Dir: t.TempDir(), ListenClientURLs: []string{cu},
+			ListenPeerURLs: []string{pu}, UnsafeNoFsync: true, LogLevel: "error", Logger: quietLog,
+			ClientTLS: tlsfiles.Server{CertFile: srv.CertFile, KeyFile: srv.KeyFile, TrustedCAFile: ca.CertFile, ClientCertAuth: true}})
+		cancel()
+		if err == nil {
+			t.Cleanup(e.Close)
+			return cu
+		}
+		if !etcdtest.AddrInUse(err) || attempt == 4 {
+			t.Fatalf("start etcd with TLS: %v", err)
+		}
+	}
+}
+
+func startExternal(t *testing.T, cfg node.Config) (*node.Node, error) {
+	t.Helper()
+	cfg.Listen, cfg.MetricsListen, cfg.Logger, cfg.ShutdownGrace = "127.0.0.1:0", "off", quietLog, 200*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := node.Start(ctx, cfg)
+	if err == nil {
+		t.Cleanup(func() {
+			if err := n.Close(); err != nil {
+				t.Errorf("close regnode: %v", err)
+			}
+		})
+	}
+	return n, err
+}
+
+// A regnode reaches an external etcd over TLS with a client certificate;
+// with a wrong CA, or no client certificate, it fails at start saying
+// what is wrong.
+func TestExternalEtcdTLS(t *testing.T) {
+	ca := tlstest.NewCA(t, "etcd-ca")
+	url := startTLSEtcd(t, ca)
+	me := ca.Client(t, "regnode")
+
+	n, err := startExternal(t, node.Config{EtcdEndpoints: []string{url},
+		EtcdTLS: tlsfiles.Client{CAFile: ca.CertFile, CertFile: me.CertFile, KeyFile: me.KeyFile}})
+	if err != nil {
+		t.Fatalf("regnode over TLS to etcd: %v", err)
+	}
+	api := sdk(t, n.Addr(), nil).API()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := api.Register(ctx, &registryv1.RegisterRequest{Instance: &registryv1.Instance{Service: "web", Id: "w-1", Address: "10.0.0.1:80"}}); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := api.Get(ctx, &registryv1.GetRequest{Service: "web", Id: "w-1"}); err != nil || g.Instance.Address != "10.0.0.1:80" {
+		t.Fatalf("Get = %v, %v", g, err)
+	}
+
+	wrong := tlstest.NewCA(t, "wrong-ca")
+	_, err = startExternal(t, node.Config{EtcdEndpoints: []string{url},
+		EtcdTLS: tlsfiles.Client{CAFile: wrong.CertFile, CertFile: me.CertFile, KeyFile: me.KeyFile}})
+	if err == nil || !strings.Contains(err.Error(), "TLS to etcd at") || !strings.Contains(err.Error(), "certificate signed by unknown authority") ||
+		!strings.Contains(err.Error(), "--etcd-cacert") {
+		t.Fatalf("wrong CA: err = %v, want the TLS failure named", err)
+	}
+	_, err = startExternal(t, node.Config{EtcdEndpoints: []string{url}, EtcdTLS: tlsfiles.Client{CAFile: ca.CertFile}})
+	if err == nil || !strings.Contains(err.Error(), "TLS to etcd at") || !strings.Contains(err.Error(), "it wants a client certificate") {
+		t.Fatalf("no client certificate: err = %v, want the refusal named", err)
+	}
+	_, err = startExternal(t, node.Config{EtcdEndpoints: []string{strings.Replace(url, "https", "http", 1)},
+		EtcdTLS: tlsfiles.Client{CAFile: ca.CertFile}})
+	if err == nil || !strings.Contains(err.Error(), "is plain http") {
+		t.Fatalf("http endpoint with TLS files: err = %v, want refused", err)
+	}
+}
+
+// A regnode authenticates to an etcd with auth on by user and password;
+// a wrong password fails at start.
+func TestExternalEtcdPassword(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	root := m.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := root.UserAdd(ctx, "root", "s3cret"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.UserGrantRole(ctx, "root", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, err := startExternal(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, EtcdUsername: "root", EtcdPassword: "s3cret"})
+	if err != nil {
+		t.Fatalf("regnode with etcd credentials: %v", err)
+	}
+	if _, err := sdk(t, n.Addr(), nil).API().Register(ctx, &registryv1.RegisterRequest{Instance: &registryv1.Instance{Service: "web", Id: "w-1", Address: "10.0.0.1:80"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = startExternal(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, EtcdUsername: "root", EtcdPassword: "guess"})
+	if err == nil || !strings.Contains(err.Error(), "authentication failed") || strings.Contains(err.Error(), "guess") {
+		t.Fatalf("wrong password: err = %v, want authentication failed, without the password", err)
+	}
+	_, err = startExternal(t, node.Config{EtcdEndpoints: []string{m.ClientURL}})
+	if err == nil {
+		t.Fatal("no credentials against an etcd with auth on: started")
+	}
+}
+
+// An embedded member serving its client port over TLS with client
+// certificates: the regnode reaches it with its --etcd-cert, a client
+// without one does not.
+func TestEmbeddedClientTLS(t *testing.T) {
+	ca := tlstest.NewCA(t, "etcd-ca")
+	srv := ca.Server(t, "member")
+	me := ca.Client(t, "regnode")
+	n := startEmbedded(t, node.Config{
+		Embed:   embedded.Config{ClientTLS: tlsfiles.Server{CertFile: srv.CertFile, KeyFile: srv.KeyFile, TrustedCAFile: ca.CertFile, ClientCertAuth: true}},
+		EtcdTLS: tlsfiles.Client{CAFile: ca.CertFile, CertFile: me.CertFile, KeyFile: me.KeyFile},
+	}, "https")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := sdk(t, n.Addr(), nil).API().Register(ctx, &registryv1.RegisterRequest{Instance: &registryv1.Instance{Service: "web", Id: "w-1", Address: "10.0.0.1:80"}}); err != nil {
+		t.Fatal(err)
+	}
+	member := n.Embedded().Clients[0].Addr().String()
+	bare, err := clientv3.New(clientv3.Config{Endpoints: []string{"https://" + member}, DialTimeout: 2 * time.Second,
+		TLS: tlstest.ClientConfig(t, ca, nil), Logger: etcdtest.QuietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	gctx, gcancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer gcancel()
+	if _, err := bare.Get(gctx, "/", clientv3.WithPrefix()); err == nil {
+		t.Fatal("an etcd client without a certificate read the embedded member")
+	}
+	_, err = startExternal(t, node.Config{EtcdEndpoints: []string{"https://" + member}, EtcdTLS: tlsfiles.Client{CAFile: ca.CertFile}})
+	if err == nil || !strings.Contains(err.Error(), "it wants a client certificate") {
+		t.Fatalf("a regnode without a client certificate: err = %v, want refused", err)
+	}
+}
