@@ -41,6 +41,11 @@ func (c *Config) validateSecurity() error {
 			}
 		}
 	}
+	if len(c.EtcdEndpoints) == 0 {
+		if err := c.Embed.ValidateTLS(); err != nil {
+			return err
+		}
+	}
 	if c.Insecure {
 		return nil
 	}

@@ -144,6 +144,26 @@ func parseURLs(field string, ss []string) ([]url.URL, error) {
 	return out, nil
 }
 
+// ValidateTLS reports URLs and TLS settings that do not fit together: an
+// https URL without a certificate, a certificate no URL serves, a client
+// certificate demanded with no CA to check it against. Unset URLs count
+// as their http defaults. Start checks it too.
+func (c Config) ValidateTLS() error {
+	c.defaults()
+	client, err := parseURLs("listen-client-urls", c.ListenClientURLs)
+	if err != nil {
+		return err
+	}
+	peer, err := parseURLs("listen-peer-urls", c.ListenPeerURLs)
+	if err != nil {
+		return err
+	}
+	if err := schemesMatch("listen-client-urls", "etcd-server-", client, c.ClientTLS); err != nil {
+		return err
+	}
+	return schemesMatch("listen-peer-urls", "peer-", peer, c.PeerTLS)
+}
+
 // schemesMatch refuses https URLs without a certificate, and a
 // certificate no URL would serve (TLS asked for and silently not used).
 func schemesMatch(field, flag string, urls []url.URL, t tlsfiles.Server) error {
