@@ -402,3 +402,63 @@ func TestEmbeddedClientTLS(t *testing.T) {
 		t.Fatalf("a regnode without a client certificate: err = %v, want refused", err)
 	}
 }
+
+// Three embedded members talk to each other over mutual TLS: the cluster
+// forms and a write through one regnode is read through another. A
+// member whose peer certificate is of another CA does not join.
+func TestPeerTLS(t *testing.T) {
+	ca := tlstest.NewCA(t, "peer-ca")
+	certs := map[string]tlstest.Files{}
+	for _, n := range []string{"p1", "p2", "p3"} {
+		certs[n] = ca.ServerAndClient(t, n)
+	}
+	peerTLS := func(name string) tlsfiles.Server {
+		f := certs[name]
+		return tlsfiles.Server{CertFile: f.CertFile, KeyFile: f.KeyFile, TrustedCAFile: ca.CertFile, ClientCertAuth: true}
+	}
+	var nodes []*node.Node
+	for attempt := 0; nodes == nil; attempt++ {
+		var err error
+		nodes, err = startCluster(t, []string{"p1", "p2", "p3"}, peerTLS)
+		if err != nil && (!etcdtest.AddrInUse(err) || attempt == 4) {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := sdk(t, nodes[0].Addr(), nil).API().Register(ctx, &registryv1.RegisterRequest{Instance: &registryv1.Instance{Service: "web", Id: "w-1", Address: "10.0.0.1:80"}}); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := sdk(t, nodes[2].Addr(), nil).API().Get(ctx, &registryv1.GetRequest{Service: "web", Id: "w-1"}); err != nil || g.Instance.Address != "10.0.0.1:80" {
+		t.Fatalf("Get through p3 = %v, %v", g, err)
+	}
+
+	// An intruder with a peer certificate of another CA cannot take part:
+	// the cluster's members refuse its connections.
+	other := tlstest.NewCA(t, "intruder-ca")
+	bad := other.ServerAndClient(t, "intruder")
+	st, err := sdk(t, nodes[0].Addr(), nil).API().Status(ctx, &registryv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := ""
+	for _, m := range st.Members {
+		if m.Name == "p2" {
+			peer = m.PeerUrls[0]
+		}
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlstest.ClientConfig(t, ca, &bad)}}
+	defer hc.CloseIdleConnections()
+	if resp, err := hc.Get(peer + "/members"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a peer certificate of another CA was served %s by %s", resp.Status, peer)
+	}
+	good := certs["p1"]
+	hc2 := &http.Client{Transport: &http.Transport{TLSClientConfig: tlstest.ClientConfig(t, ca, &good)}}
+	defer hc2.CloseIdleConnections()
+	resp, err := hc2.Get(peer + "/members")
+	if err != nil {
+		t.Fatalf("a member's own peer certificate refused by %s: %v", peer, err)
+	}
+	resp.Body.Close()
+}
