@@ -163,3 +163,23 @@ func TestValidate(t *testing.T) {
 		t.Errorf("missing files: err = %v, want it named", err)
 	}
 }
+
+// etcd's meaning: a trusted CA file alone already requires a client
+// certificate of it.
+func TestTrustedCAAloneRequiresClientCert(t *testing.T) {
+	ca := tlstest.NewCA(t, "ca")
+	srv := ca.Server(t, "server")
+	cfg, err := tlsfiles.ServerConfig(tlsfiles.Server{CertFile: srv.CertFile, KeyFile: srv.KeyFile, TrustedCAFile: ca.CertFile}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, cfg)
+	c, err := tls.Dial("tcp", addr, tlstest.ClientConfig(t, ca, nil))
+	if err == nil {
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "certificate required") {
+		t.Fatalf("client without a certificate: err = %v, want certificate required", err)
+	}
+}
