@@ -144,7 +144,10 @@ func (n *Node) etcdClientTLS(ctx context.Context, endpoints []string) (*tls.Conf
 		return nil, fmt.Errorf("etcd client TLS: %w", err)
 	}
 	for _, addr := range https {
-		err := handshake(ctx, addr, cfg)
+		err := handshake(ctx, addr, cfg, tls.VersionTLS12)
+		if err != nil && strings.Contains(err.Error(), "protocol version") {
+			err = handshake(ctx, addr, cfg, 0) // an etcd of TLS 1.3 only
+		}
 		if err == nil {
 			break
 		}
@@ -152,7 +155,7 @@ func (n *Node) etcdClientTLS(ctx context.Context, endpoints []string) (*tls.Conf
 			hint := "check --etcd-cacert, --etcd-cert, --etcd-key"
 			var op *net.OpError
 			if errors.As(err, &op) && op.Op == "remote error" {
-				hint = "etcd refused the handshake: it wants a client certificate of its CA (--etcd-cert, --etcd-key)"
+				hint = "etcd refused the handshake: does it want a client certificate of its CA? --etcd-cert, --etcd-key"
 			}
 			return nil, fmt.Errorf("TLS to etcd at %s failed (%s): %w", addr, hint, err)
 		}
@@ -162,12 +165,13 @@ func (n *Node) etcdClientTLS(ctx context.Context, endpoints []string) (*tls.Conf
 	return cfg, nil
 }
 
-// handshake completes one TLS handshake with addr. TLS 1.2 is asked for
-// so that a server refusing our client certificate says so within the
-// handshake (in TLS 1.3 the verdict comes after it).
-func handshake(ctx context.Context, addr string, cfg *tls.Config) error {
+// handshake completes one TLS handshake with addr, of at most maxVersion
+// (0: any). TLS 1.2 is asked for first so that a server refusing our
+// client certificate says so within the handshake (in TLS 1.3 the verdict
+// comes after it).
+func handshake(ctx context.Context, addr string, cfg *tls.Config, maxVersion uint16) error {
 	c := cfg.Clone()
-	c.MaxVersion = tls.VersionTLS12
+	c.MaxVersion = maxVersion
 	if host, _, err := net.SplitHostPort(addr); err == nil && c.ServerName == "" {
 		c.ServerName = host
 	}
