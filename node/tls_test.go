@@ -401,6 +401,19 @@ func TestEmbeddedClientTLS(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "does it want a client certificate of its CA") {
 		t.Fatalf("a regnode without a client certificate: err = %v, want refused", err)
 	}
+
+	// etcd re-reads the member's certificate for each handshake.
+	if got := servedSerial(t, member, tlstest.ClientConfig(t, ca, &me)); got != srv.Serial.String() {
+		t.Fatalf("member serves serial %s, want %s", got, srv.Serial)
+	}
+	rotated := ca.Server(t, "member-2")
+	tlstest.Replace(t, srv, rotated)
+	if got := servedSerial(t, member, tlstest.ClientConfig(t, ca, &me)); got != rotated.Serial.String() {
+		t.Fatalf("after rotation the member serves serial %s, want %s", got, rotated.Serial)
+	}
+	if _, err := sdk(t, n.Addr(), nil).API().Get(ctx, &registryv1.GetRequest{Service: "web", Id: "w-1"}); err != nil {
+		t.Fatalf("Get after the member's certificate was rotated: %v", err)
+	}
 }
 
 // Three embedded members talk to each other over mutual TLS: the cluster
