@@ -102,6 +102,13 @@ type Config struct {
 	// with auth enabled (--etcd-username; the password from
 	// --etcd-password-file or REGNODE_ETCD_PASSWORD, never a flag).
 	EtcdUsername, EtcdPassword string
+	// EmbedAuth turns etcd's auth on at the embedded member
+	// (--etcd-server-auth), so its client port refuses clients without
+	// credentials. The regnode's credential is EtcdUsername and
+	// EtcdPassword if set (give every regnode of a cluster the same),
+	// else user root with a password generated on the first start and
+	// kept in the data dir (RootPasswordFile, mode 0600).
+	EmbedAuth bool
 }
 
 // Keepalive on the API. A subscriber whose machine vanished (or whose
@@ -289,6 +296,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	etcdTLS, err := n.etcdClientTLS(ctx, endpoints)
 	if err != nil {
 		return nil, err
+	}
+	if n.etcd != nil && cfg.EmbedAuth {
+		if cfg.EtcdUsername, cfg.EtcdPassword, err = n.embeddedAuth(ctx, endpoints, etcdTLS); err != nil {
+			return nil, err
+		}
 	}
 	dialTimeout := 5 * time.Second
 	if cfg.EtcdUsername != "" {

@@ -33,6 +33,9 @@ func (c *Config) validateSecurity() error {
 	if c.EtcdUsername == "" && c.EtcdPassword != "" {
 		return errors.New("an etcd password is set but --etcd-username is not")
 	}
+	if c.EmbedAuth && len(c.EtcdEndpoints) > 0 {
+		return errors.New("--etcd-server-auth is for the embedded member; an external etcd's auth is its own (--etcd-username)")
+	}
 	if c.EtcdTLS.Enabled() {
 		// etcd's client drops TLS for an http:// endpoint without a word.
 		for _, ep := range c.EtcdEndpoints {

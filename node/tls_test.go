@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -517,5 +518,121 @@ func TestEtcdHandshakeTLS13Only(t *testing.T) {
 	}
 	if err := <-handshakes; err != nil {
 		t.Fatalf("the retried handshake failed: %v", err)
+	}
+}
+
+// With EmbedAuth the embedded member's client port refuses a client
+// without credentials; the regnode uses the root password it generated
+// into the data dir (0600) on its first start, and again on the next; a
+// password file others may read is refused.
+func TestEmbeddedAuth(t *testing.T) {
+	var cfg node.Config
+	var n *node.Node
+	for attempt := 0; n == nil; attempt++ {
+		cfg = node.Config{Listen: "127.0.0.1:0", MetricsListen: "off", Logger: quietLog, ShutdownGrace: 200 * time.Millisecond,
+			EmbedAuth: true, Embed: embedded.Config{Name: "auth", Dir: t.TempDir(), UnsafeNoFsync: true, LogLevel: "error",
+				ListenClientURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))},
+				ListenPeerURLs:   []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))}}}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		var err error
+		n, err = node.Start(ctx, cfg)
+		cancel()
+		if err != nil && (!etcdtest.AddrInUse(err) || attempt == 4) {
+			t.Fatalf("start regnode: %v", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.New(client.Config{Endpoints: []string{n.Addr()}, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.API().Register(ctx, &registryv1.RegisterRequest{Instance: &registryv1.Instance{Service: "web", Id: "w-1", Address: "10.0.0.1:80"}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	file := cfg.Embed.Dir + "/" + node.RootPasswordFile
+	fi, err := os.Stat(file)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("root password file: %v, %v; want mode 600", fi, err)
+	}
+	pw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := cfg.Embed.ListenClientURLs[0]
+	etcdGet := func(user, password string) (int64, error) {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 15 * time.Second,
+			Username: user, Password: password, Logger: etcdtest.QuietLogger()})
+		if err != nil {
+			return 0, err
+		}
+		defer cli.Close()
+		r, err := cli.Get(ctx, "/registry/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return 0, err
+		}
+		return r.Count, nil
+	}
+	if _, err := etcdGet("", ""); err == nil || !strings.Contains(err.Error(), "user name is empty") {
+		t.Fatalf("etcd client without credentials: err = %v, want refused", err)
+	}
+	if _, err := etcdGet("root", "guess"); err == nil || !strings.Contains(err.Error(), "authentication failed") {
+		t.Fatalf("etcd client with a guessed password: err = %v, want refused", err)
+	}
+	if k, err := etcdGet("root", strings.TrimSpace(string(pw))); err != nil || k == 0 {
+		t.Fatalf("etcd client with the generated root password: %d keys, %v", k, err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The next start uses the same password.
+	sctx, scancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer scancel()
+	n2, err := node.Start(sctx, cfg)
+	if err != nil {
+		t.Fatalf("restart with auth on: %v", err)
+	}
+	if err := n2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := os.ReadFile(file); string(again) != string(pw) {
+		t.Fatal("the root password changed on restart")
+	}
+	if err := os.Chmod(file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Start(sctx, cfg); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("start with a readable password file: err = %v, want refused", err)
+	}
+}
+
+// EmbedAuth with a credential of the operator's (the one to give every
+// regnode of a cluster): that user holds etcd's root role, no password
+// file is written, and a client without credentials is refused.
+func TestEmbeddedAuthGivenCredential(t *testing.T) {
+	n := startEmbedded(t, node.Config{EmbedAuth: true, EtcdUsername: "registry", EtcdPassword: "shared-secret"}, "http")
+	dir := n.Embedded().Config().Dir
+	if _, err := os.Stat(dir + "/" + node.RootPasswordFile); !os.IsNotExist(err) {
+		t.Fatalf("a password file was written with a credential given: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	url := "http://" + n.Embedded().Clients[0].Addr().String()
+	for _, tc := range []struct {
+		user, password string
+		ok             bool
+	}{{"", "", false}, {"registry", "shared-secret", true}} {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 15 * time.Second,
+			Username: tc.user, Password: tc.password, Logger: etcdtest.QuietLogger()})
+		if err == nil {
+			_, err = cli.Put(ctx, "/elsewhere", "x")
+			cli.Close()
+		}
+		if (err == nil) != tc.ok {
+			t.Fatalf("etcd Put as %q: err = %v, want ok=%v", tc.user, err, tc.ok)
+		}
 	}
 }

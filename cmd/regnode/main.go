@@ -127,6 +127,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.StringVar(&cfg.Embed.ClientTLS.KeyFile, "etcd-server-key-file", "", "embedded etcd: private key of --etcd-server-cert-file")
 	f.StringVar(&cfg.Embed.ClientTLS.TrustedCAFile, "etcd-server-trusted-ca-file", "", "embedded etcd: require client certificates of this CA on its client port")
 	f.BoolVar(&cfg.Embed.ClientTLS.ClientCertAuth, "etcd-server-client-cert-auth", false, "embedded etcd: require a client certificate of --etcd-server-trusted-ca-file")
+	f.BoolVar(&cfg.EmbedAuth, "etcd-server-auth", false, "embedded etcd: turn etcd's auth on, so its client port refuses clients without credentials (root password generated into the data dir, or --etcd-username/--etcd-password-file)")
 	// Between embedded members: etcd's own names.
 	f.StringVar(&cfg.Embed.PeerTLS.CertFile, "peer-cert-file", "", "embedded etcd: peer certificate (https --listen-peer-urls), also presented to peers")
 	f.StringVar(&cfg.Embed.PeerTLS.KeyFile, "peer-key-file", "", "embedded etcd: private key of --peer-cert-file")

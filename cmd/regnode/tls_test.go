@@ -95,6 +95,7 @@ func TestInsecureOrIncompleteSecurityExits2(t *testing.T) {
 		{"client cert auth without CA", nil, []string{"--cert-file", "c.pem", "--key-file", "k.pem", "--client-cert-auth"}, "--client-cert-auth needs --trusted-ca-file"},
 		{"username without password", nil, []string{"--etcd-username", "root"}, "--etcd-username needs a password"},
 		{"password twice", map[string]string{"REGNODE_ETCD_PASSWORD": "x"}, []string{"--etcd-username", "root", "--etcd-password-file", pw}, "given twice"},
+		{"etcd-server-auth with an external etcd", nil, []string{"--etcd-server-auth", "--etcd-endpoints", "http://127.0.0.1:1"}, "--etcd-server-auth is for the embedded member"},
 		{"https member without a certificate", nil, []string{"--listen-client-urls", "https://127.0.0.1:2379"}, "needs --etcd-server-cert-file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
