@@ -342,7 +342,7 @@ func TestExternalEtcdTLS(t *testing.T) {
 func TestExternalEtcdPassword(t *testing.T) {
 	m := etcdtest.Start(t, false)
 	root := m.Client(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // bcrypt on a loaded machine is slow
 	defer cancel()
 	if _, err := root.UserAdd(ctx, "root", "s3cret"); err != nil {
 		t.Fatal(err)
@@ -541,7 +541,7 @@ func TestEmbeddedAuth(t *testing.T) {
 			t.Fatalf("start regnode: %v", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := client.New(client.Config{Endpoints: []string{n.Addr()}, Logger: quietLog})
 	if err != nil {
@@ -618,7 +618,7 @@ func TestEmbeddedAuthGivenCredential(t *testing.T) {
 	if _, err := os.Stat(dir + "/" + node.RootPasswordFile); !os.IsNotExist(err) {
 		t.Fatalf("a password file was written with a credential given: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	url := "http://" + n.Embedded().Clients[0].Addr().String()
 	for _, tc := range []struct {
