@@ -2,28 +2,37 @@
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN := $(shell go env GOPATH)/bin
+# Stamp the VCS revision into the binaries (regctl version, regnode --version)
+# when this is a git checkout, whatever GOFLAGS says; elsewhere (a tarball, a
+# Docker build context without .git) build unstamped.
+BUILDVCS := $(shell git rev-parse --is-inside-work-tree >/dev/null 2>&1 && echo -buildvcs=true)
 
 .PHONY: all build run test vet proto bench fuzz tools clean-data
 
 all: build
 
 build:
-	go build -o bin/regnode ./cmd/regnode
-	go build -o bin/regctl ./cmd/regctl
+	go build $(BUILDVCS) -o bin/regnode ./cmd/regnode
+	go build $(BUILDVCS) -o bin/regctl ./cmd/regctl
 
 ## run: start one regnode on embedded etcd (API 127.0.0.1:7400, data ./regnode.data)
 run: build
 	./bin/regnode
 
-## test: vet, then every test under the race detector
+## test: vet, then every test under the race detector; then the checks of
+## the deployment files (a nested module: Prometheus' rule parser stays out
+## of the main go.mod)
 test:
 	go vet ./...
 	go test -race -count=1 -timeout 15m ./...
+	cd deploy && go vet ./... && go test -count=1 ./...
 
-## bench: registration throughput, ours against raw etcd, side by side; then
-## every regbench scenario in its short form (table on stderr, JSON lines in bench.json)
+## bench: registration throughput, ours against raw etcd, side by side; one
+## pick of our balancer against grpc's round_robin; then every regbench
+## scenario in its short form (table on stderr, JSON lines in bench.json)
 bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./server/
+	go test -run '^$$' -bench Pick -benchtime 200000x -count 1 ./balance/
 	go run ./cmd/regbench all -short -json > bench.json
 	go test -run '^$$' -bench . -benchtime 3x -count 1 ./prober/
 

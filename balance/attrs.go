@@ -57,7 +57,8 @@ func InstanceOf(ep resolver.Endpoint) (Instance, bool) {
 // Service is what the balancer knows of the whole service, set by the
 // resolver on resolver.State.Attributes. It lets the balancer tell "no
 // list yet" from "an empty list" from "all draining", and carries the
-// instances that are not routable (UNAVAILABLE, STARTING, not yet probed)
+// instances that are not routable (UNAVAILABLE, not yet probed; never
+// STARTING or DRAINING)
 // so that panic mode can reach them, while a balancer that is not ours
 // sees only the routable ones in State.Endpoints.
 type Service struct {
@@ -69,7 +70,8 @@ type Service struct {
 	Registered int
 	// Draining counts the DRAINING instances (never in any endpoint list).
 	Draining int
-	// Standby are the non-routable, non-draining instances.
+	// Standby are the non-routable instances that are neither DRAINING
+	// nor STARTING: only panic mode calls them.
 	Standby []resolver.Endpoint
 	// Metrics receives the balancer's and the interceptor's counts; nil
 	// gives each balancer its own.

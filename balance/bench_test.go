@@ -2,15 +2,22 @@ package balance_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/balancer/roundrobin"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/serviceconfig"
 
 	"github.com/regcluster/registry/balance"
 )
@@ -80,4 +87,159 @@ func benchState(insts []inst) resolver.State {
 			balance.Instance{ID: in.b.id, Weight: in.weight, Health: in.health, Lifecycle: in.lifecycle, Routable: true}))
 	}
 	return balance.WithService(resolver.State{Endpoints: eps}, svc)
+}
+
+// BenchmarkPick is one pick alone (Picker.Pick, then PickResult.Done) of
+// our policy (P2C, WRR) and of grpc-go's round_robin, over N connected
+// loopback backends: the pickers are the ones the real balancers hand a
+// real grpc.ClientConn, caught by a tap between the two (benchTap), and
+// called in a loop without any RPC.
+func BenchmarkPick(b *testing.B) {
+	for _, n := range []int{3, 20} {
+		bs := make([]*backend, n)
+		var insts []inst
+		for i := range bs {
+			bs[i] = startBackend(b, fmt.Sprint("b", i))
+			insts = append(insts, serving(bs[i], uint32(100*(1+i%2))))
+		}
+		p := balance.DefaultPolicy()
+		wrr := p
+		wrr.Picker = balance.PickerWRR
+		tapped := func(p balance.Policy) string {
+			sc, err := balance.ServiceConfig(p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return strings.Replace(sc, `"`+balance.Name+`"`, `"`+benchTapPrefix+balance.Name+`"`, 1)
+		}
+		for _, tc := range []struct{ name, sc string }{
+			{"registry_weighted_p2c", tapped(p)},
+			{"registry_weighted_wrr", tapped(wrr)},
+			{"round_robin", `{"loadBalancingConfig":[{"` + benchTapPrefix + roundrobin.Name + `":{}}]}`},
+		} {
+			b.Run(fmt.Sprintf("%s/N=%d", tc.name, n), func(b *testing.B) {
+				r := manual.NewBuilderWithScheme(fmt.Sprintf("bench%d", schemes.Add(1)))
+				r.InitialState(benchState(insts))
+				cc, err := grpc.NewClient(r.Scheme()+":///orders", grpc.WithResolvers(r),
+					grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(tc.sc))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer cc.Close()
+				cc.Connect()
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				info := balancer.PickInfo{FullMethodName: "/grpc.health.v1.Health/Check", Ctx: ctx}
+				// Wait until the channel's picker reaches all n subconns.
+				var pk balancer.Picker
+				for pk == nil {
+					if ctx.Err() != nil {
+						b.Fatalf("the picker never reached all %d backends", n)
+					}
+					if t := benchTapOf(cc.Target()); t != nil {
+						if cand, ok := t.ready(); ok {
+							seen := map[balancer.SubConn]bool{}
+							for range 40 * n {
+								res, err := cand.Pick(info)
+								if err != nil {
+									break
+								}
+								seen[res.SubConn] = true
+								if res.Done != nil {
+									res.Done(balancer.DoneInfo{})
+								}
+							}
+							if len(seen) == n {
+								pk = cand
+							}
+						}
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				di := balancer.DoneInfo{BytesSent: true, BytesReceived: true}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					res, err := pk.Pick(info)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if res.Done != nil {
+						res.Done(di)
+					}
+				}
+			})
+		}
+	}
+}
+
+// benchTap is a balancer policy wrapping a real one (benchTapPrefix + its
+// name) that keeps the last picker the balancer gave its channel.
+const benchTapPrefix = "bench_tap_"
+
+func init() {
+	for _, name := range []string{balance.Name, roundrobin.Name} {
+		balancer.Register(benchTapBuilder{balancer.Get(name)})
+	}
+}
+
+var (
+	benchTapsMu sync.Mutex
+	benchTaps   = map[string]*benchTap{} // by the channel's target
+)
+
+func benchTapOf(target string) *benchTap {
+	benchTapsMu.Lock()
+	defer benchTapsMu.Unlock()
+	return benchTaps[target]
+}
+
+type benchTapBuilder struct{ inner balancer.Builder }
+
+func (b benchTapBuilder) Name() string { return benchTapPrefix + b.inner.Name() }
+
+func (b benchTapBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
+	t := &benchTap{ClientConn: cc, target: opts.Target.String()}
+	t.Balancer = b.inner.Build(t, opts)
+	benchTapsMu.Lock()
+	benchTaps[t.target] = t
+	benchTapsMu.Unlock()
+	return t
+}
+
+func (b benchTapBuilder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
+	if p, ok := b.inner.(balancer.ConfigParser); ok {
+		return p.ParseConfig(js)
+	}
+	return nil, nil
+}
+
+type benchTap struct {
+	balancer.ClientConn
+	balancer.Balancer
+	target string
+
+	mu     sync.Mutex
+	state  connectivity.State
+	picker balancer.Picker
+}
+
+func (t *benchTap) UpdateState(s balancer.State) {
+	t.mu.Lock()
+	t.state, t.picker = s.ConnectivityState, s.Picker
+	t.mu.Unlock()
+	t.ClientConn.UpdateState(s)
+}
+
+func (t *benchTap) ready() (balancer.Picker, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.picker, t.state == connectivity.Ready && t.picker != nil
+}
+
+func (t *benchTap) Close() {
+	benchTapsMu.Lock()
+	delete(benchTaps, t.target)
+	benchTapsMu.Unlock()
+	t.Balancer.Close()
 }

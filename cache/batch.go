@@ -58,6 +58,10 @@ type Batch struct {
 	// revision may go DOWN, and mod revisions of the old epoch mean nothing
 	// in the new one. It is the only case allowed to lower the revision.
 	NewEpoch bool
+	// Epoch names the etcd history a Snapshot was read from (see
+	// internal/epoch), for sources that track it; the cache carries it
+	// along and never interprets it.
+	Epoch string
 	// Instances is the complete state, for a Snapshot. Nil entries, and
 	// entries without a service or id, are skipped and counted in
 	// Stats.Invalid; if a key appears twice, the last one wins.

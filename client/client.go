@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/balance"
+	"github.com/regcluster/registry/internal/chunk"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -82,6 +83,8 @@ type Client struct {
 	policies map[string]Policy
 	metrics  *balance.Metrics
 	zone     string
+
+	endpoints int // how many regnodes Endpoints names
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -151,6 +154,10 @@ func New(cfg Config) (*Client, error) {
 		grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"` + regnodePolicy + `":{}}]}`),
 		grpc.WithKeepaliveParams(clientKeepalive),
+		// Every regnode message is at most chunk.MaxBytes (watch chunks,
+		// list pages); RecvLimit leaves room for a regnode that frames
+		// differently.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(chunk.RecvLimit)),
 	}, cfg.DialOptions...)
 	cc, err := grpc.NewClient(r.Scheme()+":///regnodes", opts...)
 	if err != nil {
@@ -163,7 +170,7 @@ func New(cfg Config) (*Client, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
 		policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
-		shared: map[string]*shared{}}, nil
+		endpoints: len(eps), shared: map[string]*shared{}}, nil
 }
 
 // DialOptions are the options of a channel to a registered service:

@@ -40,7 +40,12 @@ func resolverState(c *Client, service string, insts []*registryv1.Instance, know
 		}
 		ep := balance.WithInstance(resolver.Endpoint{Addresses: []resolver.Address{{Addr: in.Address}}}, bi)
 		if !routable {
-			svc.Standby = append(svc.Standby, ep)
+			// Panic mode may call an instance the prober judges sick (the
+			// prober can be wrong), but never one that says itself it is
+			// not ready yet: STARTING is in no list.
+			if in.GetLifecycle() != registryv1.Lifecycle_LIFECYCLE_STARTING {
+				svc.Standby = append(svc.Standby, ep)
+			}
 			continue
 		}
 		st.Endpoints = append(st.Endpoints, ep)

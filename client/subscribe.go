@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/chunk"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -97,6 +98,11 @@ type Subscription struct {
 		reconnect int
 		resyncs   int
 		stream    context.CancelFunc // cancels the current Watch stream
+
+		// The resume token's epoch and the REVISION_AHEAD answers (unit.go).
+		epoch  string
+		ahead  int  // REVISION_AHEAD answers in a row
+		afresh bool // the next stream subscribes afresh
 	}
 	// live is the liveness state, owned by the subscription's goroutine.
 	live struct {
@@ -291,9 +297,15 @@ func (s *Subscription) stream(ctx context.Context) error {
 	s.mu.Lock()
 	s.mu.stream = cancel
 	s.mu.Unlock()
-	from := s.cache.Revision()
+	// The resume token is (epoch, revision); after every regnode said it
+	// is ahead of them, subscribe afresh (unit.go).
+	from, ep, fresh := s.cache.Revision(), s.Epoch(), s.takeFresh()
+	if fresh {
+		from, ep = 0, ""
+		defer func() { s.keepFresh(fresh) }() // still due if no snapshot came
+	}
 	note := &pickNote{avoid: s.live.stalled}
-	ws, err := s.c.api.Watch(withPickNote(sctx, note), &registryv1.WatchRequest{Service: s.service, FromRevision: from})
+	ws, err := s.c.api.Watch(withPickNote(sctx, note), &registryv1.WatchRequest{Service: s.service, FromRevision: from, Epoch: ep})
 	if err != nil {
 		return err
 	}
@@ -301,7 +313,7 @@ func (s *Subscription) stream(ctx context.Context) error {
 	deadline := newDeadline(s.opts.ReceiveDeadline, cancel)
 	defer deadline.disarm()
 	var (
-		chunks  []*registryv1.Instance
+		units   chunk.Joiner // joins chunks: a unit is applied whole
 		gotSome bool
 	)
 	for {
@@ -312,6 +324,7 @@ func (s *Subscription) stream(ctx context.Context) error {
 			if stall := deadline.err(at); stall != nil {
 				return stall
 			}
+			s.noteAhead(err)
 			if status.Code(err) == codes.InvalidArgument {
 				s.c.log.Error("subscription refused", "service", s.service, "err", err)
 			}
@@ -328,35 +341,28 @@ func (s *Subscription) stream(ctx context.Context) error {
 			s.setConnected(true, nil)
 		}
 		gotSome = true
-		var b cache.Batch
-		switch k := resp.Kind.(type) {
-		case *registryv1.WatchResponse_Snapshot:
-			chunks = append(chunks, k.Snapshot.Instances...)
-			if k.Snapshot.More {
-				continue
-			}
-			b = cache.Batch{Revision: resp.Revision, Snapshot: true, Reset: k.Snapshot.Reset_, NewEpoch: k.Snapshot.NewEpoch, Instances: chunks}
-			chunks = nil
-		case *registryv1.WatchResponse_Events:
-			b = cache.Batch{Revision: resp.Revision, Events: make([]cache.Event, 0, len(k.Events.Events))}
-			for _, e := range k.Events.Events {
-				if e.Type == registryv1.Event_TYPE_PUT {
-					if e.Instance == nil {
-						continue
-					}
-					b.Events = append(b.Events, cache.Event{Type: cache.Put, Service: e.Instance.Service, ID: e.Instance.Id, Instance: e.Instance})
-				} else {
-					b.Events = append(b.Events, cache.Event{Type: cache.Delete, Service: e.Service, ID: e.Id})
-				}
-			}
-		case *registryv1.WatchResponse_Progress:
-			b = cache.Batch{Revision: resp.Revision}
-		default:
+		unit, err := units.Add(resp)
+		if err != nil {
+			return err
+		}
+		if unit == nil {
+			continue // more chunks of this unit follow
+		}
+		b, ok := toBatch(unit)
+		if !ok {
 			continue
+		}
+		if fresh && b.Snapshot {
+			// Replaces a view no regnode has: a new epoch for this view.
+			b.Reset, b.NewEpoch, fresh = s.cache.Revision() != 0, b.Revision < s.cache.Revision(), false
+		}
+		if err := s.checkEpoch(unit.Epoch, b); err != nil {
+			return err
 		}
 		if err := s.apply(b); err != nil {
 			return err
 		}
+		s.setEpoch(unit.Epoch)
 	}
 }
 

@@ -142,9 +142,18 @@ func (e *Election) Run(ctx context.Context, lead Lead) error {
 
 // term is one session: campaign, lead, resign.
 func (e *Election) term(ctx context.Context, lead Lead) error {
-	sess, err := concurrency.NewSession(e.cfg.Client, concurrency.WithTTL(int(e.cfg.SessionTTL/time.Second)))
+	// The grant is made here, under ctx, so a stop while etcd is
+	// unreachable ends the wait (concurrency.NewSession would grant under
+	// its WithContext context, which also bounds the session's keepalive
+	// and its Close: a cancelled one would not let it resign).
+	ttl := int64(e.cfg.SessionTTL / time.Second)
+	grant, err := e.cfg.Client.Grant(ctx, ttl)
 	if err != nil {
-		return fmt.Errorf("open election session: %w", err)
+		return fmt.Errorf("grant the election session's lease (ttl %ds): %w", ttl, err)
+	}
+	sess, err := concurrency.NewSession(e.cfg.Client, concurrency.WithLease(grant.ID), concurrency.WithTTL(int(ttl)))
+	if err != nil {
+		return fmt.Errorf("open election session on lease %x: %w", grant.ID, err)
 	}
 	defer func() {
 		// Revoking the lease deletes our key: whoever campaigns next wins

@@ -3,6 +3,7 @@ package election_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -225,4 +226,40 @@ func TestLeadEndsWhenSessionExpires(t *testing.T) {
 		t.Fatal("lead did not end after its session expired")
 	}
 	c.stop()
+}
+
+// A stop while etcd cannot be reached ends Run: the session's lease grant
+// waits under Run's context, not for as long as the etcd client lives.
+// The client here points at a port nothing listens on, so every call
+// waits for a connection that never comes.
+func TestRunStopsWhileEtcdUnreachable(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: []string{fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))},
+		Logger:    etcdtest.QuietLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	e, err := election.New(election.Config{Client: cli, Name: "a", SessionTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- e.Run(ctx, func(context.Context, *election.Leadership) error {
+			t.Error("led without etcd")
+			return nil
+		})
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run returned %v, want context.Canceled", err)
+		}
+	case <-time.After(time.Minute): // a guard against a hang, not a timing assertion
+		t.Fatal("Run did not return after its context was cancelled while etcd was unreachable")
+	}
 }

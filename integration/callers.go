@@ -19,21 +19,24 @@ import (
 // Calls through the registry, and how the checker can judge them without
 // clocks.
 //
-// A caller is a grpc ClientConn on registry:///orders with round_robin.
+// A caller is a grpc ClientConn on registry:///orders with the SDK's own
+// balancer (package balance, the policy the resolver's service config
+// names), without the retry interceptor, so each call is one attempt.
 // Its resolver's every UpdateState goes through a wrapper that notes the
 // state's revision (client.StateRevision) twice: as pushing before handing
 // it to grpc, and as pushed once grpc has taken it. grpc applies a
-// resolver state to round_robin's picker before UpdateState returns
-// (endpointsharding rebuilds the picker synchronously), so at any moment
+// resolver state to the balancer's picker before UpdateState returns
+// (endpointsharding, under balance's policy, rebuilds the picker
+// synchronously), so at any moment
 // the picker reflects a view no older than pushed and no newer than
 // pushing. A call reads pushed before it starts and pushing after it
 // returns: whatever picker chose its backend was built from a view at some
 // revision in [Before, After]. Backends record the calls they serve (the
 // call's id travels in its metadata). The checker then needs only etcd's
 // history: a call served by address A is a violation if no instance with
-// address A was routable at any revision in [Before, After], because every
-// picker in that window had A out of rotation (drained, unhealthy or
-// deleted) and still a call reached it.
+// address A was callable (SERVING; see callable) at any revision in
+// [Before, After], because every picker in that window had A out of
+// rotation (drained, starting or deleted) and still a call reached it.
 
 // callIDKey is the metadata key carrying a call's id to the backend.
 const callIDKey = "x-workload-call"
@@ -120,8 +123,7 @@ func (w *Workload) caller(ctx context.Context, name string) {
 	var pushing, pushed atomic.Int64
 	cc, err := grpc.NewClient("registry:///orders",
 		grpc.WithResolvers(revisionNoter{Builder: c.ResolverBuilder(), pushing: &pushing, pushed: &pushed}),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		w.t.Errorf("caller %s: %v", name, err)
 		return

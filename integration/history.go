@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,8 +121,9 @@ type ViewInst struct {
 
 // View is one state a subscriber exposed.
 type View struct {
-	Rev   int64
-	Reset bool
+	Rev      int64
+	Reset    bool
+	NewEpoch bool // a reset onto another etcd history (restored)
 	// Stream counts the subscription's reconnects when it showed this
 	// view: views of one stream share it. A subscription that resumes on
 	// a new stream gets what it missed replayed as one change.
@@ -207,7 +209,7 @@ func (s *Subscriber) record(ch client.Change) {
 			delete(s.cur, s.keys.Instance(k.Service, k.ID))
 		}
 	}
-	s.views = append(s.views, View{Rev: ch.Revision, Reset: ch.Snapshot, Stream: stream, Insts: maps.Clone(s.cur)})
+	s.views = append(s.views, View{Rev: ch.Revision, Reset: ch.Snapshot, NewEpoch: ch.NewEpoch, Stream: stream, Insts: maps.Clone(s.cur)})
 	gate := s.gate
 	s.mu.Unlock()
 	if gate != nil {
@@ -327,6 +329,9 @@ func Check(events []Event, upTo int64, subs []*Subscriber, open []string) Report
 	lastHealth := map[string]*registryv1.Health{}
 	for _, ev := range events {
 		if !isInstance(ev.Key) {
+			if !strings.HasPrefix(ev.Key, keys.Election()+"/") {
+				continue // not a candidate (the epoch key, junk)
+			}
 			if ev.Delete {
 				delete(created, ev.Key)
 			} else if _, ok := created[ev.Key]; !ok {
@@ -429,8 +434,8 @@ func checkDrainedViews(rep *Report, name string, views []View, key string, drain
 }
 
 // routability is, per address, the revisions at which some instance with
-// that address was routable (record.Routable, as the resolver decides),
-// as closed intervals; an open one ends at math.MaxInt64.
+// that address was callable (see callable), as closed intervals; an open
+// one ends at math.MaxInt64.
 type routability map[string][][2]int64
 
 func routableIntervals(events []Event) routability {
@@ -456,10 +461,10 @@ func routableIntervals(events []Event) routability {
 					touched[x.Address], before[x.Address] = true, count[x.Address]
 				}
 			}
-			if old := state[ev.Key]; old != nil && record.Routable(old) {
+			if old := state[ev.Key]; old != nil && callable(old) {
 				count[old.Address]--
 			}
-			if in != nil && record.Routable(in) {
+			if in != nil && callable(in) {
 				count[in.Address]++
 			}
 			if in != nil {
@@ -482,6 +487,15 @@ func routableIntervals(events []Event) routability {
 	return out
 }
 
+// callable is whether the SDK's balancer may send in a new call: it is
+// SERVING. Routable (healthy) instances get the calls, but in panic mode
+// (too few routable) the balancer spreads calls over every SERVING
+// instance, sick ones included, by design; a DRAINING, STARTING or deleted
+// instance never gets one.
+func callable(in *registryv1.Instance) bool {
+	return in.GetLifecycle() == registryv1.Lifecycle_LIFECYCLE_SERVING
+}
+
 // routableDuring is true if some instance at addr was routable at some
 // revision in [lo, hi].
 func (r routability) routableDuring(addr string, lo, hi int64) bool {
@@ -497,7 +511,7 @@ func (r routability) routableDuring(addr string, lo, hi int64) bool {
 // for why it is sound without clocks): a call served by a backend whose
 // address no instance made routable at any revision of the call's window
 // reached an instance that every view the caller could have routed it by
-// had out of rotation (DRAINING, unhealthy or deleted): a violation.
+// had out of rotation (DRAINING, STARTING or deleted): a violation.
 // Calls whose window reaches past upTo are not judged.
 func CheckCalls(rep *Report, events []Event, upTo int64, calls []Call, served []Served) {
 	sort.SliceStable(events, func(i, j int) bool { return events[i].Rev < events[j].Rev })

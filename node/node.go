@@ -392,6 +392,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(n.metrics.Registry, promhttp.HandlerOpts{}))
+		if err := n.mountWeb(mux); err != nil { // the JSON API and the dashboard: web.go
+			return nil, err
+		}
 		n.mhttp = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: serverTLS,
 			// Failed handshakes are the clients' doing (a scanner, a
 			// plaintext scrape): debug, not stderr.

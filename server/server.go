@@ -9,13 +9,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/chunk"
+	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
@@ -249,33 +253,103 @@ func (s *Server) Get(ctx context.Context, req *registryv1.GetRequest) (*registry
 	return &registryv1.GetResponse{Instance: inst, Revision: rev}, nil
 }
 
-// List returns the instances of a service (all if empty), all read at one
-// revision, which it returns.
+// Reasons of the errdetails.ErrorInfo (domain ErrorDomain) that come with
+// the statuses a client branches on.
+const (
+	ErrorDomain = "registry.regcluster.io"
+	// ReasonRevisionAhead (code OutOfRange, from Watch): the subscriber
+	// has seen a revision or epoch this regnode has not reached within its
+	// catch-up timeout. Try another regnode; when none has it, subscribe
+	// afresh.
+	ReasonRevisionAhead = "REVISION_AHEAD"
+	// ReasonPageTokenExpired (code Aborted, from List): the listing's
+	// revision was compacted or etcd was restored; list again from the
+	// first page.
+	ReasonPageTokenExpired = "PAGE_TOKEN_EXPIRED"
+)
+
+// List page sizes: the default when page_size is 0, and the most a page
+// holds (a larger page_size is read as this). A page is also bounded by
+// bytes (chunk.MaxBytes of instances).
+const (
+	DefaultPageSize = 500
+	MaxPageSize     = 1000
+)
+
+// withReason is a status of code c carrying an ErrorInfo of reason.
+func withReason(c codes.Code, reason, msg string, meta map[string]string) error {
+	st := status.New(c, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: meta}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// Reason is the ErrorInfo reason of a status from this server ("" if none).
+func Reason(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == ErrorDomain {
+			return info.Reason
+		}
+	}
+	return ""
+}
+
+// List returns one page of the instances of a service (all if empty):
+// every page of a listing is read at the revision of its first page,
+// which it returns, and holds at most page_size instances and about
+// chunk.MaxBytes of them.
 func (s *Server) List(ctx context.Context, req *registryv1.ListRequest) (*registryv1.ListResponse, error) {
+	limit := int64(req.PageSize)
+	switch {
+	case limit < 0:
+		return nil, invalid("page_size", "%d is negative", limit)
+	case limit == 0:
+		limit = DefaultPageSize
+	case limit > MaxPageSize:
+		limit = MaxPageSize
+	}
+	var cur store.Cursor
+	if req.PageToken != "" {
+		var err error
+		if cur, err = decodePageToken(req.PageToken, req.Service); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	ctx, cancel := s.callCtx(ctx)
 	defer cancel()
-	insts, rev, skipped, err := s.st.List(ctx, req.Service)
+	page, err := s.st.ListPage(ctx, req.Service, cur, limit, chunk.MaxBytes)
+	if errors.Is(err, store.ErrPageExpired) {
+		return nil, withReason(codes.Aborted, ReasonPageTokenExpired, err.Error(),
+			map[string]string{"revision": strconv.FormatInt(cur.Revision, 10)})
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &registryv1.ListResponse{Instances: insts, Revision: rev, Skipped: int64(skipped)}, nil
+	resp := &registryv1.ListResponse{Instances: page.Instances, Revision: page.Revision, Skipped: int64(page.Skipped), Epoch: page.Epoch}
+	if page.Next != nil {
+		resp.NextPageToken = encodePageToken(*page.Next, req.Service)
+	}
+	return resp, nil
 }
-
-// SnapshotChunk is how many instances one Watch snapshot message carries
-// at most; bigger snapshots are sent in chunks flagged more=true.
-const SnapshotChunk = 500
 
 // Watch serves a subscription from this regnode's fan-out (no etcd watch
 // per subscriber): a snapshot or the missed transactions, then every
-// transaction and progress, each with its revision.
+// transaction and progress, each with its revision and epoch; no message
+// exceeds chunk.MaxBytes (see package chunk). A subscriber ahead of this
+// regnode gets OutOfRange with reason ReasonRevisionAhead.
 func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_WatchServer) error {
 	if s.cfg.Hub == nil {
 		return status.Error(codes.Unimplemented, "this regnode serves no subscriptions")
 	}
 	ctx := stream.Context()
-	sub, err := s.cfg.Hub.Subscribe(ctx, req.Service, req.FromRevision)
+	sub, err := s.cfg.Hub.Subscribe(ctx, req.Service, req.FromRevision, req.Epoch)
 	if err != nil {
-		if errors.Is(err, fanout.ErrBehind) || errors.Is(err, fanout.ErrClosed) {
+		switch {
+		case errors.Is(err, fanout.ErrBehind):
+			return withReason(codes.OutOfRange, ReasonRevisionAhead, err.Error(), map[string]string{
+				"from_revision": strconv.FormatInt(req.FromRevision, 10), "epoch": req.Epoch})
+		case errors.Is(err, fanout.ErrClosed):
 			return status.Error(codes.Unavailable, err.Error())
 		}
 		return toStatus(err)
@@ -289,40 +363,32 @@ func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_
 			}
 			return toStatus(err)
 		}
-		if err := send(stream, m); err != nil {
+		if err := chunk.Split(Unit(m), chunk.MaxBytes, stream.Send); err != nil {
 			return err
 		}
 	}
 }
 
-func send(stream registryv1.Registry_WatchServer, m fanout.Message) error {
-	if m.Snapshot {
-		insts := m.Instances
-		for {
-			n := min(len(insts), SnapshotChunk)
-			more := n < len(insts)
-			if err := stream.Send(&registryv1.WatchResponse{Revision: m.Revision, Kind: &registryv1.WatchResponse_Snapshot{
-				Snapshot: &registryv1.Snapshot{Instances: insts[:n], Reset_: m.Reset, NewEpoch: m.NewEpoch, More: more}}}); err != nil {
-				return err
-			}
-			insts = insts[n:]
-			if !more {
-				return nil
+// Unit is the whole WatchResponse of a fan-out message, before chunking.
+func Unit(m fanout.Message) *registryv1.WatchResponse {
+	r := &registryv1.WatchResponse{Revision: m.Revision, Epoch: m.Epoch}
+	switch {
+	case m.Snapshot:
+		r.Kind = &registryv1.WatchResponse_Snapshot{Snapshot: &registryv1.Snapshot{Instances: m.Instances, Reset_: m.Reset, NewEpoch: m.NewEpoch}}
+	case len(m.Events) == 0:
+		r.Kind = &registryv1.WatchResponse_Progress{Progress: &registryv1.Progress{}}
+	default:
+		evs := make([]*registryv1.Event, len(m.Events))
+		for i, e := range m.Events {
+			if e.Type == cache.Put {
+				evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_PUT, Instance: e.Instance, Service: e.Service, Id: e.ID}
+			} else {
+				evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_DELETE, Service: e.Service, Id: e.ID}
 			}
 		}
+		r.Kind = &registryv1.WatchResponse_Events{Events: &registryv1.Events{Events: evs}}
 	}
-	if len(m.Events) == 0 {
-		return stream.Send(&registryv1.WatchResponse{Revision: m.Revision, Kind: &registryv1.WatchResponse_Progress{Progress: &registryv1.Progress{}}})
-	}
-	evs := make([]*registryv1.Event, len(m.Events))
-	for i, e := range m.Events {
-		if e.Type == cache.Put {
-			evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_PUT, Instance: e.Instance, Service: e.Service, Id: e.ID}
-		} else {
-			evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_DELETE, Service: e.Service, Id: e.ID}
-		}
-	}
-	return stream.Send(&registryv1.WatchResponse{Revision: m.Revision, Kind: &registryv1.WatchResponse_Events{Events: &registryv1.Events{Events: evs}}})
+	return r
 }
 
 // Status reports the etcd cluster (members, leader, revision, compact
@@ -358,6 +424,9 @@ func (s *Server) Status(ctx context.Context, _ *registryv1.StatusRequest) (*regi
 		return nil, toStatus(err)
 	}
 	resp.Revision, resp.JunkSkipped, resp.Counts = rev, int64(skipped), Count(insts)
+	if resp.Epoch, _, err = epoch.Read(ctx, cli, epoch.Key(s.st.Keys().Prefix())); err != nil {
+		return nil, toStatus(err)
+	}
 	if s.cfg.Leader != nil {
 		resp.Leader = s.cfg.Leader(ctx)
 	}

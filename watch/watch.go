@@ -7,9 +7,12 @@
 // resumed from the last delivered revision + 1, with backoff and jitter. A
 // compacted revision leads to a fresh list, delivered as a reset snapshot.
 // If etcd's cluster id changes, or its revision is found lower than one
-// already delivered (etcd restored from a backup), a snapshot flagged
+// already delivered (etcd restored from a backup), or (with
+// Config.EpochKey) the epoch stored in etcd changes, a snapshot flagged
 // NewEpoch is delivered and the change is logged at error level: that is
-// the one case where the revision may go down. Idle watchers ask etcd for
+// the one case where the revision may go down. With Config.EpochKey, the
+// Watcher is also the one that starts a new epoch when it finds a restored
+// etcd still carrying the old one (see internal/epoch). Idle watchers ask etcd for
 // progress so their revision keeps moving; watches require a leader, so a
 // partitioned member cannot silently starve them.
 package watch
@@ -18,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -27,6 +31,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/epoch"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -55,6 +60,11 @@ type Config struct {
 	Logger *slog.Logger
 	// OnJunk is called for every record that is not a valid instance.
 	OnJunk func(key string, err error)
+	// EpochKey, if set, is where the epoch of the history lives (see
+	// internal/epoch): every snapshot carries the epoch it was read at, the
+	// Watcher creates it if absent and replaces it when it finds etcd
+	// restored under it, and checks it at least every ProgressInterval.
+	EpochKey string
 	// OnRestart is called each time the watch is re-established, with the
 	// reason: "error", "compacted", "new-epoch", "closed".
 	OnRestart func(reason string, err error)
@@ -69,6 +79,28 @@ type Watcher struct {
 
 	rev       int64  // last delivered revision
 	clusterID uint64 // cluster the last delivery came from
+	epoch     string // epoch of the last snapshot delivered (with EpochKey)
+	lastCheck time.Time
+	// mark is the newest put delivered: etcd must still hold it at its
+	// revision, or the revisions delivered are of another history (etcd
+	// restored and already past them).
+	mark mark
+	// suspect: a check found etcd on another history; the next list
+	// starts a new epoch even if the revision did not go down.
+	suspect bool
+}
+
+// mark is one put: its key, its revision and a hash of its value.
+type mark struct {
+	key string
+	rev int64
+	sum uint64
+}
+
+func markOf(kv *mvccpb.KeyValue) mark {
+	h := fnv.New64a()
+	h.Write(kv.Value)
+	return mark{key: string(kv.Key), rev: kv.ModRevision, sum: h.Sum64()}
 }
 
 // New returns a Watcher; it fails only on a missing client or bad service.
@@ -181,15 +213,47 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // list reads the whole prefix at one revision and delivers it as a
-// snapshot (a reset if anything was delivered before).
+// snapshot (a reset if anything was delivered before). With EpochKey it
+// reads the epoch at the same revision; an absent epoch is created, and an
+// unchanged one on an etcd that is evidently another history (another
+// cluster, or a revision below the one delivered) is replaced, before the
+// list is read again.
 func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
-	var (
-		insts []*registryv1.Instance
-		rev   int64
-		cid   uint64
-		from  = w.prefix
-		end   = clientv3.GetPrefixRangeEnd(w.prefix)
-	)
+	for tries := 0; ; tries++ {
+		insts, rev, cid, ep, newest, err := w.read(ctx)
+		if err != nil {
+			return err
+		}
+		suspect := w.rev != 0 && (w.epochChanged(cid, rev) || w.suspect)
+		if w.cfg.EpochKey != "" && (ep == "" || suspect && ep == w.epoch) {
+			if tries >= 3 {
+				return fmt.Errorf("epoch %s still %q after %d replacements", w.cfg.EpochKey, ep, tries)
+			}
+			next, err := epoch.Replace(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.cfg.EpochKey, ep)
+			if err != nil {
+				return err
+			}
+			w.log.Warn("started a new epoch", "old", ep, "new", next, "etcd_revision", rev)
+			continue
+		}
+		newEpoch := w.rev != 0 && (ep != w.epoch || w.cfg.EpochKey == "" && suspect)
+		if newEpoch && ep != w.epoch {
+			w.log.Error("etcd epoch changed: starting a new epoch, the revision may go down",
+				"old_epoch", w.epoch, "new_epoch", ep, "delivered", w.rev, "etcd", rev)
+		}
+		b := cache.Batch{Revision: rev, Snapshot: true, Reset: w.rev != 0, NewEpoch: newEpoch, Epoch: ep, Instances: insts}
+		if err := deliver(b); err != nil {
+			return errStop{err}
+		}
+		w.rev, w.clusterID, w.epoch, w.mark, w.suspect = rev, cid, ep, newest, false
+		return nil
+	}
+}
+
+// read lists the prefix page by page at one revision, and the epoch at the
+// same revision.
+func (w *Watcher) read(ctx context.Context) (insts []*registryv1.Instance, rev int64, cid uint64, ep string, newest mark, err error) {
+	from, end := w.prefix, clientv3.GetPrefixRangeEnd(w.prefix)
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize)}
 		if rev != 0 {
@@ -197,12 +261,15 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 		}
 		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), from, opts...)
 		if err != nil {
-			return fmt.Errorf("list %s at revision %d: %w", w.prefix, rev, err)
+			return nil, 0, 0, "", mark{}, fmt.Errorf("list %s at revision %d: %w", w.prefix, rev, err)
 		}
 		if rev == 0 {
 			rev, cid = resp.Header.Revision, resp.Header.ClusterId
 		}
 		for _, kv := range resp.Kvs {
+			if kv.ModRevision > newest.rev {
+				newest = markOf(kv)
+			}
 			if in := w.decode(kv); in != nil {
 				insts = append(insts, in)
 			}
@@ -212,15 +279,16 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	b := cache.Batch{Revision: rev, Snapshot: true, Reset: w.rev != 0, Instances: insts}
-	if w.rev != 0 {
-		b.NewEpoch = w.epochChanged(cid, rev)
+	if w.cfg.EpochKey != "" {
+		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), w.cfg.EpochKey, clientv3.WithRev(rev))
+		if err != nil {
+			return nil, 0, 0, "", mark{}, fmt.Errorf("read epoch %s at revision %d: %w", w.cfg.EpochKey, rev, err)
+		}
+		if len(resp.Kvs) > 0 {
+			ep = string(resp.Kvs[0].Value)
+		}
 	}
-	if err := deliver(b); err != nil {
-		return errStop{err}
-	}
-	w.rev, w.clusterID = rev, cid
-	return nil
+	return insts, rev, cid, ep, newest, nil
 }
 
 // epochChanged reports (loudly) an etcd that is not the one we followed:
@@ -267,8 +335,20 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 		clientv3.WithProgressNotify())
 	idle := time.NewTimer(w.cfg.ProgressInterval)
 	defer idle.Stop()
+	// A busy stream never goes idle: check the epoch on a clock too, so a
+	// restore another regnode noticed is noticed here within an interval.
+	check := time.NewTicker(w.cfg.ProgressInterval)
+	defer check.Stop()
 	for {
 		select {
+		case <-check.C:
+			if time.Since(w.lastCheck) < w.cfg.ProgressInterval/2 {
+				continue
+			}
+			if _, relist, err := w.checkEpoch(wctx); err != nil {
+				return relist, err
+			}
+			continue
 		case <-idle.C:
 			// A quiet stream may be a quiet registry, or an etcd restored
 			// behind our back: etcd's client resumes a broken watch by
@@ -340,17 +420,52 @@ func (w *Watcher) watch(ctx context.Context, deliver Deliver) (relist bool, err 
 	}
 }
 
-// checkEpoch reads etcd's header (one linearizable read of one key) and
-// returns etcd's revision; relist is true if it is another cluster, or the
-// same one at a revision below what was delivered.
+// checkEpoch reads etcd's header, the epoch and the newest put delivered
+// (one linearizable txn) and returns etcd's revision; relist is true if it
+// is another cluster, the same one at a revision below what was delivered,
+// on another epoch, or without that put at its revision (restored, and
+// already past what was delivered).
 func (w *Watcher) checkEpoch(ctx context.Context) (rev int64, relist bool, err error) {
-	head, err := w.cfg.Client.Get(ctx, w.prefix+"\x00epoch-check")
-	if err != nil {
+	w.lastCheck = time.Now()
+	key := w.cfg.EpochKey
+	if key == "" {
+		key = w.prefix + "\x00epoch-check"
+	}
+	ops := []clientv3.Op{clientv3.OpGet(key)}
+	if w.mark.rev != 0 {
+		ops = append(ops, clientv3.OpGet(w.mark.key, clientv3.WithRev(w.mark.rev)))
+	}
+	head, err := w.cfg.Client.Txn(ctx).Then(ops...).Commit()
+	switch {
+	case errors.Is(err, rpctypes.ErrCompacted):
+		// The mark's revision is compacted: it can no longer be checked.
+		w.mark = mark{}
+		return w.checkEpoch(ctx)
+	case errors.Is(err, rpctypes.ErrFutureRev):
+		w.suspect = true
+		return 0, true, fmt.Errorf("%w: revision %d delivered is in etcd's future", errEpoch, w.mark.rev)
+	case err != nil:
 		return 0, false, fmt.Errorf("check etcd: %w", err)
 	}
 	if head.Header.ClusterId != w.clusterID || head.Header.Revision < w.rev {
 		return 0, true, fmt.Errorf("%w: cluster %x at revision %d, delivered %x at %d", errEpoch,
 			head.Header.ClusterId, head.Header.Revision, w.clusterID, w.rev)
+	}
+	if w.mark.rev != 0 {
+		kvs := head.Responses[1].GetResponseRange().GetKvs()
+		if len(kvs) == 0 || markOf(kvs[0]) != w.mark {
+			w.suspect = true
+			return 0, true, fmt.Errorf("%w: etcd does not hold the put of %s at revision %d that was delivered", errEpoch, w.mark.key, w.mark.rev)
+		}
+	}
+	if w.cfg.EpochKey != "" {
+		ep := ""
+		if kvs := head.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			ep = string(kvs[0].Value)
+		}
+		if ep != w.epoch {
+			return 0, true, fmt.Errorf("%w: epoch %q in etcd, delivered %q", errEpoch, ep, w.epoch)
+		}
 	}
 	return head.Header.Revision, false, nil
 }
@@ -360,9 +475,15 @@ func (w *Watcher) checkEpoch(ctx context.Context) (rev int64, relist bool, err e
 func (w *Watcher) deliverEvents(evs []*clientv3.Event, deliver Deliver) error {
 	for i := 0; i < len(evs); {
 		rev := evs[i].Kv.ModRevision
-		var batch []cache.Event
+		var (
+			batch []cache.Event
+			put   *mvccpb.KeyValue // a put of this revision, for the mark
+		)
 		for ; i < len(evs) && evs[i].Kv.ModRevision == rev; i++ {
 			ev := evs[i]
+			if ev.Type == clientv3.EventTypePut {
+				put = ev.Kv
+			}
 			key := string(ev.Kv.Key)
 			service, id, ok := w.keys.Parse(key)
 			if ev.Type == clientv3.EventTypeDelete {
@@ -389,6 +510,9 @@ func (w *Watcher) deliverEvents(evs []*clientv3.Event, deliver Deliver) error {
 			return errStop{err}
 		}
 		w.rev = rev
+		if put != nil {
+			w.mark = markOf(put)
+		}
 	}
 	return nil
 }

@@ -6,7 +6,7 @@
 // that matter are ratios that hold on a noisy machine.
 //
 //	regbench SCENARIO [flags]       SCENARIO: register, propagate, compaction,
-//	                                failover, fanout, resync, or all
+//	                                failover, fanout, resync, pick, or all
 //
 // It starts everything it needs itself (embedded etcd, regnodes via
 // node.Start, gRPC backends, subscribers; all on loopback), prints a
@@ -57,6 +57,7 @@ var scenarios = []scenario{
 	{"failover", runFailover},
 	{"fanout", runFanout},
 	{"resync", runResync},
+	{"pick", runPick},
 }
 
 // intList is a flag of comma-separated integers.
@@ -108,7 +109,7 @@ type config struct {
 	compWait  time.Duration
 
 	foBackends, foTrials, foConns, foRPS int
-	foProbe                              time.Duration
+	foProbe, foWork, foReroute           time.Duration
 
 	fanSubs int
 	fanRate float64
@@ -116,6 +117,10 @@ type config struct {
 
 	resyncN       int
 	resyncRepeats int
+
+	pickN      intList
+	pickOps    int
+	pickRounds int
 }
 
 func main() {
@@ -141,7 +146,7 @@ func usage(w io.Writer, fs *flag.FlagSet) {
 // parse reads the command line; -short changes the defaults of every
 // flag not given explicitly.
 func parse(args []string, stderr io.Writer) (string, *config, error) {
-	c := &config{regConc: intList{1, 32}, propSubs: intList{1, 100, 1000}}
+	c := &config{regConc: intList{1, 32}, propSubs: intList{1, 100, 1000}, pickN: intList{3, 10, 100}}
 	fs := flag.NewFlagSet("regbench", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.BoolVar(&c.short, "short", false, "a short form of every scenario (what make bench runs)")
@@ -171,9 +176,11 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 
 	fs.IntVar(&c.foBackends, "failover-backends", 3, "failover: gRPC backends")
 	fs.IntVar(&c.foTrials, "failover-trials", 5, "failover: kills (one backend each, restarted after)")
-	fs.IntVar(&c.foConns, "failover-conns", 4, "failover: subscribers (grpc ClientConns, each its own SDK client)")
-	fs.IntVar(&c.foRPS, "failover-rps", 50, "failover: requests per second per ClientConn")
+	fs.IntVar(&c.foConns, "failover-conns", 4, "failover: subscribers (each its own SDK client and etcd client, and one channel per side)")
+	fs.IntVar(&c.foRPS, "failover-rps", 50, "failover: calls per second per channel (three channels per subscriber: ours, round_robin over our resolver, over etcd's naming resolver)")
 	fs.DurationVar(&c.foProbe, "probe-interval", 100*time.Millisecond, "failover: regnode probe interval")
+	fs.DurationVar(&c.foWork, "failover-work", 50*time.Millisecond, "failover: backend time per call (so that calls are in flight at a kill)")
+	fs.DurationVar(&c.foReroute, "failover-reroute-wait", 15*time.Second, "failover: bound on the wait for every channel to call a restarted backend again")
 
 	fs.IntVar(&c.fanSubs, "fanout-subs", 10000, "fanout: subscribers on one regnode")
 	fs.Float64Var(&c.fanRate, "fanout-rate", 20, "fanout: changes per second during the CPU phase")
@@ -181,6 +188,10 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 
 	fs.IntVar(&c.resyncN, "resync-instances", 100000, "resync: instances in etcd")
 	fs.IntVar(&c.resyncRepeats, "resync-repeats", 3, "resync: repeats of each measure")
+
+	fs.Var(&c.pickN, "pick-endpoints", "pick: numbers of ready endpoints N")
+	fs.IntVar(&c.pickOps, "pick-ops", 1000000, "pick: picks per measure")
+	fs.IntVar(&c.pickRounds, "pick-rounds", 5, "pick: alternating rounds (each side measured once per round)")
 
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -224,6 +235,9 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 			"resync-repeats":    "3",
 			"propagate-rate":    "50",
 			"failover-backends": "3",
+			"pick-endpoints":    "3,20",
+			"pick-ops":          "300000",
+			"pick-rounds":       "3",
 		}
 		for k, v := range short {
 			if !set[k] {

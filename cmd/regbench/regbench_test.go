@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -34,6 +35,77 @@ var tiny = map[string][]string{
 	"failover": {"-failover-backends", "2", "-failover-trials", "1", "-failover-conns", "1", "-failover-rps", "20"},
 	"fanout":   {"-fanout-subs", "8", "-fanout-rate", "20", "-fanout-duration", "300ms", "-propagate-instances", "4"},
 	"resync":   {"-resync-instances", "300", "-resync-repeats", "1"},
+	"pick":     {"-pick-endpoints", "2", "-pick-ops", "2000", "-pick-rounds", "1"},
+}
+
+// fields are figures a scenario's JSON must hold, by path from the top
+// (ours/CASE/METRIC, baseline/NAME/CASE/METRIC, ratio/...), and whether
+// they must be above zero (or only present and not negative).
+type field struct {
+	path     string
+	positive bool
+}
+
+var fields = map[string][]field{
+	"pick": {
+		{"ours/N=2/ns_per_op", true}, {"ours/N=2/allocs_per_op", false}, {"ours/N=2/bytes_per_op", false},
+		{"ours/N=2/parallel_ns_per_op", true}, {"baseline/round_robin/N=2/parallel_ns_per_op", true},
+		{"ours/N=2/wrr_ns_per_op", true}, {"ours/N=2/wrr_parallel_ns_per_op", true}, {"ours/N=2/wrr_allocs_per_op", false},
+		{"ours/N=2/p2c_in_retry_interceptor_ns_per_op", true}, {"ours/N=2/p2c_in_retry_interceptor_allocs_per_op", false},
+		{"baseline/round_robin/N=2/ns_per_op", true}, {"baseline/round_robin/N=2/allocs_per_op", false},
+		{"baseline/round_robin/N=2/bytes_per_op", false},
+		{"ratio/round_robin/N=2/ns_per_op", true},
+	},
+	"failover": {
+		{"ours/B=2/calls", true}, {"ours/B=2/failed_calls", false}, {"ours/B=2/success_ratio", true},
+		{"baseline/rr_registry/B=2/calls", true}, {"baseline/rr_registry/B=2/failed_calls", false},
+		{"baseline/rr_registry/B=2/success_ratio", true},
+		{"baseline/rr_etcd_naming/B=2/calls", true}, {"baseline/rr_etcd_naming/B=2/failed_calls", false},
+		{"baseline/rr_etcd_naming/B=2/success_ratio", true},
+		{"ours/B=2/removal_ms/n", true}, {"ours/B=2/retries", false}, {"ours/B=2/retry_budget_exhausted", false},
+	},
+}
+
+// at returns the number at a slash-separated path of a decoded JSON object.
+func at(obj map[string]any, path string) (float64, bool) {
+	var cur any = obj
+	for _, k := range strings.Split(path, "/") {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return 0, false
+		}
+		if cur, ok = m[k]; !ok {
+			return 0, false
+		}
+	}
+	f, ok := cur.(float64)
+	return f, ok
+}
+
+// checkFields checks the fields of scenario in obj, and that each side's
+// success_ratio is its calls that did not fail over its calls.
+func checkFields(t *testing.T, scenario string, obj map[string]any) {
+	t.Helper()
+	for _, f := range fields[scenario] {
+		v, ok := at(obj, f.path)
+		switch {
+		case !ok:
+			t.Errorf("%s: no number at %s", scenario, f.path)
+		case f.positive && v <= 0, v < 0:
+			t.Errorf("%s: %s = %v, want > 0", scenario, f.path, v)
+		}
+	}
+	if scenario != "failover" {
+		return
+	}
+	for _, side := range []string{"ours", "baseline/rr_registry", "baseline/rr_etcd_naming"} {
+		calls, _ := at(obj, side+"/B=2/calls")
+		failed, _ := at(obj, side+"/B=2/failed_calls")
+		ratio, _ := at(obj, side+"/B=2/success_ratio")
+		if calls > 0 && math.Abs(ratio-(calls-failed)/calls) > 1e-4 {
+			t.Errorf("failover %s: success_ratio %v with %v failed of %v calls", side, ratio, failed, calls)
+		}
+	}
 }
 
 func TestScenariosJSON(t *testing.T) {
@@ -71,6 +143,7 @@ func TestScenariosJSON(t *testing.T) {
 			if e, ok := obj["error"]; ok {
 				t.Errorf("error: %v", e)
 			}
+			checkFields(t, s.name, obj)
 			// The table went to stderr, with the scenario's heading.
 			if !strings.Contains(errb.String(), "== "+s.name) {
 				t.Errorf("no table on stderr:\n%s", errb.String())
@@ -89,6 +162,11 @@ func TestUsage(t *testing.T) {
 		}
 		if !strings.Contains(errb.String(), "usage: regbench SCENARIO") {
 			t.Errorf("regbench %q: no usage on stderr: %s", args, errb.String())
+		}
+		for _, want := range []string{" pick ", " failover ", "-pick-endpoints", "-failover-work"} {
+			if !strings.Contains(errb.String(), want) {
+				t.Errorf("regbench %q: usage lacks %q: %s", args, want, errb.String())
+			}
 		}
 	}
 }

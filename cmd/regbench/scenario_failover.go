@@ -3,17 +3,25 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/naming/endpoints"
+	etcdresolver "go.etcd.io/etcd/client/v3/naming/resolver"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/status"
 
+	"github.com/regcluster/registry/balance"
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/health"
 	"github.com/regcluster/registry/node"
@@ -23,14 +31,40 @@ import (
 const sideBackend = "backend"
 
 // backend is a real gRPC server with grpc.health.v1 (SERVING), which also
-// answers the load (Health/Check is the request).
+// answers the load: Health/Check of loadService is the request, and takes
+// the backend's work time, so that calls are in flight when it is killed
+// (the prober checks service "", answered at once).
 type backend struct {
 	addr string
 	srv  *grpc.Server
 	done chan struct{}
 }
 
-func startBackend(addr string) (*backend, error) {
+// loadService is the health service name the load asks for.
+const loadService = "regbench.load"
+
+// workingHealth is the health server, with work on loadService's checks.
+type workingHealth struct {
+	*grpchealth.Server
+	work time.Duration
+}
+
+func (h workingHealth) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	if req.GetService() == loadService && h.work > 0 {
+		t := time.NewTimer(h.work)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done(): // the call was cancelled, or the server stopped
+			return nil, ctx.Err()
+		}
+	}
+	return h.Server.Check(ctx, req)
+}
+
+// startBackend listens on addr ("127.0.0.1:0" for any port) and serves;
+// each load call takes work.
+func startBackend(addr string, work time.Duration) (*backend, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -38,7 +72,8 @@ func startBackend(addr string) (*backend, error) {
 	b := &backend{addr: lis.Addr().String(), srv: grpc.NewServer(), done: make(chan struct{})}
 	hs := grpchealth.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(b.srv, hs)
+	hs.SetServingStatus(loadService, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(b.srv, workingHealth{Server: hs, work: work})
 	labeled(sideBackend, func() {
 		go func() {
 			defer close(b.done)
@@ -48,7 +83,9 @@ func startBackend(addr string) (*backend, error) {
 	return b, nil
 }
 
-// kill closes the server at once: listener and every connection.
+// kill closes the server at once: listener and every connection, the
+// calls in flight failing on the client as when the process dies (a
+// kill -9 closes the sockets the same way, from the kernel).
 func (b *backend) kill() {
 	b.srv.Stop()
 	<-b.done
@@ -120,24 +157,88 @@ func (t *resolverTap) firstWithout(addr string, since time.Time) (time.Time, boo
 type request struct {
 	start, end time.Time
 	peer       string
-	err        bool
+	err        error
 }
 
-// runFailover: a backend is killed (its gRPC server closed) under steady
-// load through our gRPC resolver; the regnode probes every 100ms and takes
-// an instance out after N failures (DEGRADED, still routable) and M more
-// (UNAVAILABLE). Measured: kill → the resolver update without it, for
-// each subscriber, against the theoretical probe interval × (N+M).
+// Sides of the failover scenario: the same load through three channels
+// on every subscriber, killed backends and all.
+const (
+	foOurs      = "ours"           // registry:/// with c.DialOptions(): registry_weighted, retries
+	foRRReg     = "rr_registry"    // round_robin over our resolver (same subscription)
+	foRRNaming  = "rr_etcd_naming" // round_robin over etcd's naming resolver
+	foNamingKey = "regbench/naming/fo"
+)
+
+// foSide is one side's channels (one per subscriber) and their calls.
+type foSide struct {
+	name  string
+	conns []*grpc.ClientConn
+
+	mu   sync.Mutex
+	reqs [][]request // by subscriber
+}
+
+func (s *foSide) add(k int, q request) {
+	s.mu.Lock()
+	s.reqs[k] = append(s.reqs[k], q)
+	s.mu.Unlock()
+}
+
+// answeredSince reports whether every subscriber of the side has had a
+// call started after t answered by addr.
+func (s *foSide) answeredSince(addr string, t time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rs := range s.reqs {
+		ok := false
+		for i := len(rs) - 1; i >= 0 && !ok; i-- {
+			ok = rs[i].err == nil && rs[i].peer == addr && rs[i].start.After(t)
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// rerouted is, for each subscriber, the time from t to the end of the
+// first call answered by addr that started after t.
+func (s *foSide) rerouted(addr string, t time.Time) []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []time.Duration
+	for _, rs := range s.reqs {
+		for _, q := range rs {
+			if q.err == nil && q.peer == addr && q.start.After(t) {
+				out = append(out, q.end.Sub(t))
+				break
+			}
+		}
+	}
+	return out
+}
+
+// runFailover: a backend is killed (its gRPC server closed at once) under
+// steady load, in every trial, while three channels per subscriber carry
+// the same load: ours (registry:/// with the SDK's DialOptions: our
+// balancer and retries, the load's method named idempotent), round_robin
+// over our resolver, and round_robin over etcd's naming resolver. The
+// regnode probes every 100ms and takes an instance out after N failures
+// (DEGRADED, still routable) and M more (UNAVAILABLE). Measured: the calls
+// that failed on each side, and kill → the resolver update without the
+// backend for each subscriber, against the theoretical probe interval ×
+// (N+M).
 func runFailover(ctx context.Context, e *env) (*Result, error) {
 	cfg := e.cfg
 	th := health.DefaultThresholds()
 	theory := cfg.foProbe * time.Duration(th.FailuresToDegraded+th.FailuresToUnavailable)
-	r := newResult("failover", fmt.Sprintf("kill a backend under load through registry:/// (round_robin): kill → last subscriber's resolver update without it, vs the theoretical probe interval × (N+M) = %s × %d = %s",
+	r := newResult("failover", fmt.Sprintf("kill a backend under load: failed calls of ours (registry:/// with DialOptions, retries) vs round_robin over our resolver vs round_robin over etcd's naming resolver, same load, same kills; kill → last subscriber's resolver update without it, vs probe interval × (N+M) = %s × %d = %s",
 		cfg.foProbe, th.FailuresToDegraded+th.FailuresToUnavailable, theory))
 	r.param("backends", cfg.foBackends)
 	r.param("trials", cfg.foTrials)
 	r.param("subscribers", cfg.foConns)
-	r.param("rps_per_subscriber", cfg.foRPS)
+	r.param("rps_per_channel", cfg.foRPS)
+	r.param("work_ms", ms(cfg.foWork))
 	r.param("probe_interval_ms", ms(cfg.foProbe))
 	r.param("N", th.FailuresToDegraded)
 	r.param("M", th.FailuresToUnavailable)
@@ -155,6 +256,15 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 		return r, err
 	}
 	e.onClose(func() { n.Close() })
+	writer, err := etcdClient(sideBackend, etcd.URL, nil)
+	if err != nil {
+		return r, err
+	}
+	e.onClose(func() { writer.Close() })
+	em, err := endpoints.NewManager(writer, foNamingKey)
+	if err != nil {
+		return r, err
+	}
 
 	backends := make([]*backend, cfg.foBackends)
 	e.onClose(func() {
@@ -165,7 +275,7 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 		}
 	})
 	for i := range backends {
-		if backends[i], err = startBackend("127.0.0.1:0"); err != nil {
+		if backends[i], err = startBackend("127.0.0.1:0", cfg.foWork); err != nil {
 			return r, err
 		}
 	}
@@ -193,68 +303,114 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 			return r, err
 		}
 		regs = append(regs, g)
+		// The same backend in etcd's naming: it stays there while killed,
+		// as it would while the process holding its lease lives.
+		if err := em.AddEndpoint(ctx, fmt.Sprintf("%s/b%d", foNamingKey, i), endpoints.Endpoint{Addr: b.addr}); err != nil {
+			return r, fmt.Errorf("naming endpoint of b%d: %w", i, err)
+		}
 	}
 
-	// Subscribers: each its own SDK client (its own subscription), a grpc
-	// ClientConn on registry:///fo with round_robin, and steady load.
+	// Subscribers: each its own SDK client (its own subscription), shared
+	// by its ours and round_robin channels so both see the same updates at
+	// the same moment, and its own etcd client for the naming resolver.
+	pol := client.DefaultPolicy()
+	pol.Idempotent = []string{"/grpc.health.v1.Health/Check"}
+	sides := []*foSide{{name: foOurs}, {name: foRRReg}, {name: foRRNaming}}
 	taps := make([]*resolverTap, cfg.foConns)
-	conns := make([]*grpc.ClientConn, cfg.foConns)
-	reqs := make([][]request, cfg.foConns)
-	var reqMu sync.Mutex
-	loadCtx, stopLoad := context.WithCancel(ctx)
-	var loadWG sync.WaitGroup
-	e.onClose(func() { stopLoad(); loadWG.Wait() })
-	for k := range conns {
-		c, err := regClient(e, n.Addr())
+	var sdks []*client.Client
+	rr := `{"loadBalancingConfig":[{"round_robin":{}}]}`
+	for k := range cfg.foConns {
+		var (
+			c  *client.Client
+			ec *clientv3.Client
+		)
+		labeled(sideClient, func() {
+			c, err = client.New(client.Config{Endpoints: []string{n.Addr()}, Logger: e.log, Policy: &pol})
+		})
 		if err != nil {
 			return r, err
 		}
 		e.onClose(func() { c.Close() })
-		taps[k] = &resolverTap{inner: c.ResolverBuilder()}
-		labeled(sideClient, func() {
-			conns[k], err = grpc.NewClient("registry:///fo", grpc.WithResolvers(taps[k]),
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				// The resolver pushes registry_weighted in its service config:
-				// ignore it, this scenario measures round_robin over the resolver.
-				grpc.WithDisableServiceConfig(),
-				grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
-		})
+		sdks = append(sdks, c)
+		if ec, err = etcdClient(sideClient, etcd.URL, nil); err != nil {
+			return r, err
+		}
+		e.onClose(func() { ec.Close() })
+		nb, err := etcdresolver.NewBuilder(ec)
 		if err != nil {
 			return r, err
 		}
-		cc := conns[k]
-		e.onClose(func() { cc.Close() })
-		hc := healthpb.NewHealthClient(cc)
-		loadWG.Add(1)
-		labeled(sideClient, func() {
-			go func() {
-				defer loadWG.Done()
-				t := time.NewTicker(time.Duration(float64(time.Second) / float64(cfg.foRPS)))
-				defer t.Stop()
-				for {
-					select {
-					case <-loadCtx.Done():
-						return
-					case <-t.C:
-					}
-					var p peer.Peer
-					rctx, cancel := context.WithTimeout(loadCtx, time.Second)
-					start := time.Now()
-					_, err := hc.Check(rctx, &healthpb.HealthCheckRequest{}, grpc.Peer(&p))
-					cancel()
-					if loadCtx.Err() != nil {
-						return
-					}
-					q := request{start: start, end: time.Now(), err: err != nil}
-					if p.Addr != nil {
-						q.peer = p.Addr.String()
-					}
-					reqMu.Lock()
-					reqs[k] = append(reqs[k], q)
-					reqMu.Unlock()
+		taps[k] = &resolverTap{inner: c.ResolverBuilder()}
+		for _, s := range sides {
+			var cc *grpc.ClientConn
+			labeled(sideClient, func() {
+				switch s.name {
+				case foOurs:
+					cc, err = grpc.NewClient("registry:///fo", c.DialOptions()...)
+				case foRRReg:
+					cc, err = grpc.NewClient("registry:///fo", grpc.WithResolvers(taps[k]),
+						grpc.WithTransportCredentials(insecure.NewCredentials()),
+						// The resolver pushes registry_weighted in its service
+						// config: ignore it, this side is round_robin.
+						grpc.WithDisableServiceConfig(), grpc.WithDefaultServiceConfig(rr))
+				case foRRNaming:
+					cc, err = grpc.NewClient("etcd:///"+foNamingKey, grpc.WithResolvers(nb),
+						grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(rr))
 				}
-			}()
-		})
+			})
+			if err != nil {
+				return r, fmt.Errorf("%s channel: %w", s.name, err)
+			}
+			e.onClose(func() { cc.Close() })
+			s.conns = append(s.conns, cc)
+			s.reqs = append(s.reqs, nil)
+		}
+	}
+
+	// Steady load: on every channel, a call every 1/rps, each in its own
+	// goroutine (a slow or failing call does not hold the next one back),
+	// with a 1s deadline for all its attempts.
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	var loadWG sync.WaitGroup
+	e.onClose(func() { stopLoad(); loadWG.Wait() })
+	for _, s := range sides {
+		for k, cc := range s.conns {
+			hc := healthpb.NewHealthClient(cc)
+			loadWG.Add(1)
+			labeled(sideClient, func() {
+				go func() {
+					defer loadWG.Done()
+					var calls sync.WaitGroup
+					defer calls.Wait()
+					t := time.NewTicker(time.Duration(float64(time.Second) / float64(cfg.foRPS)))
+					defer t.Stop()
+					for {
+						select {
+						case <-loadCtx.Done():
+							return
+						case <-t.C:
+						}
+						calls.Add(1)
+						go func() {
+							defer calls.Done()
+							var p peer.Peer
+							rctx, cancel := context.WithTimeout(loadCtx, time.Second)
+							start := time.Now()
+							_, err := hc.Check(rctx, &healthpb.HealthCheckRequest{Service: loadService}, grpc.Peer(&p))
+							cancel()
+							if loadCtx.Err() != nil {
+								return // stopped, not failed
+							}
+							q := request{start: start, end: time.Now(), err: err}
+							if p.Addr != nil {
+								q.peer = p.Addr.String()
+							}
+							s.add(k, q)
+						}()
+					}
+				}()
+			})
+		}
 	}
 
 	stateOf := func(i int) registryv1.HealthState {
@@ -277,10 +433,33 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 		}
 		return true
 	}
+	// Before the first kill, every channel of every side answers from every
+	// backend.
+	e.progress.set("waiting for every channel to reach every backend")
+	t0 := time.Now()
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = waitFor(wctx, 10*time.Millisecond, func() bool {
+		for _, s := range sides {
+			for _, b := range backends {
+				if !s.answeredSince(b.addr, t0) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	wcancel()
+	if err != nil {
+		return r, fmt.Errorf("not every channel reached every backend: %w", err)
+	}
 
 	var (
-		removal, lastSub, unavailable, degraded, lastHit, recover []time.Duration
-		failedReqs, totalReqs, missedRemovals                     int
+		removal, lastSub, unavailable, degraded []time.Duration
+		missedRemovals                          int
+		lastHit                                 = map[string][]time.Duration{}
+		reroute                                 = map[string][]time.Duration{}
+		notRerouted                             = map[string]int{}
+		phaseStart, phaseEnd                    time.Time
 	)
 	for trial := range cfg.foTrials {
 		i := trial % len(backends)
@@ -295,6 +474,9 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 		addr := backends[i].addr
 		e.progress.set("trial %d/%d: killing b%d (%s)", trial+1, cfg.foTrials, i, addr)
 		killAt := time.Now()
+		if trial == 0 {
+			phaseStart = killAt
+		}
 		backends[i].kill()
 		backends[i] = nil
 		var degAt, unAt time.Time
@@ -337,30 +519,25 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 			unavailable = append(unavailable, unAt.Sub(killAt))
 		}
 		sleep(ctx, 200*time.Millisecond)
-		windowEnd := killAt.Add(last + 200*time.Millisecond)
-		var hit time.Duration
-		reqMu.Lock()
-		for _, rs := range reqs {
-			for _, q := range rs {
-				if q.end.Before(killAt) || q.start.After(windowEnd) {
-					continue
-				}
-				totalReqs++
-				if q.err {
-					failedReqs++
-				} else if q.peer == addr {
-					hit = max(hit, q.end.Sub(killAt))
+		for _, s := range sides {
+			var hit time.Duration
+			s.mu.Lock()
+			for _, rs := range s.reqs {
+				for _, q := range rs {
+					if q.err == nil && q.peer == addr && q.end.After(killAt) {
+						hit = max(hit, q.end.Sub(killAt))
+					}
 				}
 			}
+			s.mu.Unlock()
+			lastHit[s.name] = append(lastHit[s.name], hit)
 		}
-		reqMu.Unlock()
-		lastHit = append(lastHit, hit)
 
 		// Bring it back on the same address; the registration never
 		// stopped (the process is alive, its server was not).
 		e.progress.set("trial %d/%d: restarting b%d", trial+1, cfg.foTrials, i)
 		restartAt := time.Now()
-		if backends[i], err = startBackend(addr); err != nil {
+		if backends[i], err = startBackend(addr, cfg.foWork); err != nil {
 			return r, fmt.Errorf("restart backend on %s: %w", addr, err)
 		}
 		wctx, wcancel = context.WithTimeout(ctx, 20*time.Second)
@@ -376,34 +553,139 @@ func runFailover(ctx context.Context, e *env) (*Result, error) {
 		if err != nil {
 			return r, fmt.Errorf("trial %d: restarted backend not routed again: %w", trial+1, err)
 		}
-		recover = append(recover, time.Since(restartAt))
+		// Every side's channels call it again (ours ramps it up from 5%
+		// of its weight: slow start), within a bound.
+		wctx, wcancel = context.WithTimeout(ctx, cfg.foReroute)
+		_ = waitFor(wctx, 10*time.Millisecond, func() bool {
+			for _, s := range sides {
+				if !s.answeredSince(addr, restartAt) {
+					return false
+				}
+			}
+			return true
+		})
+		wcancel()
+		if ctx.Err() != nil {
+			return r, ctx.Err()
+		}
+		for _, s := range sides {
+			ds := s.rerouted(addr, restartAt)
+			notRerouted[s.name] += len(s.conns) - len(ds)
+			reroute[s.name] = append(reroute[s.name], ds...)
+		}
+		phaseEnd = time.Now()
 	}
 	stopLoad()
 	loadWG.Wait()
 
+	// Every call from the first kill to the end of the last trial counts.
+	type tally struct {
+		calls, failed int
+		errs          map[string]int
+	}
+	tallies := map[string]*tally{}
+	for _, s := range sides {
+		t := &tally{errs: map[string]int{}}
+		tallies[s.name] = t
+		for _, rs := range s.reqs {
+			for _, q := range rs {
+				if q.end.Before(phaseStart) || q.start.After(phaseEnd) {
+					continue
+				}
+				t.calls++
+				if q.err != nil {
+					t.failed++
+					t.errs[status.Code(q.err).String()+": "+status.Convert(q.err).Message()]++
+				}
+			}
+		}
+	}
+	rec := func(side string, metric string, v any) {
+		if side == foOurs {
+			r.ours(cs, metric, v)
+		} else {
+			r.base(side, cs, metric, v)
+		}
+	}
+	for _, s := range sides {
+		t := tallies[s.name]
+		rec(s.name, "failed_calls", t.failed)
+		rec(s.name, "calls", t.calls)
+		ratio := 0.0
+		if t.calls > 0 {
+			ratio = math.Round(float64(t.calls-t.failed)/float64(t.calls)*1e5) / 1e5
+		}
+		rec(s.name, "success_ratio", ratio)
+		rec(s.name, "last_hit_ms", summarize(lastHit[s.name]))
+		rec(s.name, "reroute_after_restart_ms", summarize(reroute[s.name]))
+		rec(s.name, "not_rerouted", notRerouted[s.name])
+	}
+	// What our balancer and interceptor did (only ours's channels use
+	// them; round_robin ignores the metrics the resolver hands it).
+	var mc balance.Counts
+	for _, c := range sdks {
+		x := c.Metrics().Counts()
+		mc.Retries += x.Retries
+		mc.BudgetExhausted += x.BudgetExhausted
+		mc.Ejections += x.Ejections
+		mc.NoInstance += x.NoInstance
+	}
+	r.ours(cs, "retries", mc.Retries)
+	r.ours(cs, "retry_budget_exhausted", mc.BudgetExhausted)
+	r.ours(cs, "ejections", mc.Ejections)
+	r.ours(cs, "no_instance_picks", mc.NoInstance)
 	r.ours(cs, "last_subscriber_ms", summarize(lastSub))
 	r.ours(cs, "removal_ms", summarize(removal))
 	r.ours(cs, "regnode_degraded_ms", summarize(degraded))
 	r.ours(cs, "regnode_unavailable_ms", summarize(unavailable))
-	r.ours(cs, "last_hit_ms", summarize(lastHit))
-	r.ours(cs, "failed_requests", failedReqs)
-	r.ours(cs, "requests", totalReqs)
 	r.ours(cs, "missed_removals", missedRemovals)
-	r.ours(cs, "reroute_after_restart_ms", summarize(recover))
 	tl := Lat{P50: ms(theory), P99: ms(theory), Max: ms(theory), N: 1}
 	r.base(base, cs, "last_subscriber_ms", tl)
 	r.base(base, cs, "removal_ms", tl)
 	r.base(base, cs, "regnode_unavailable_ms", tl)
 	th3 := ms(cfg.foProbe * time.Duration(th.FailuresToDegraded))
 	r.base(base, cs, "regnode_degraded_ms", Lat{P50: th3, P99: th3, Max: th3, N: 1})
-	r.skipRatio("failed_requests", "requests", "missed_removals", "last_hit_ms", "reroute_after_restart_ms")
+	r.skipRatio("failed_calls", "calls", "missed_removals", "last_hit_ms", "not_rerouted",
+		"retries", "retry_budget_exhausted", "ejections", "no_instance_picks")
+
+	ot := tallies[foOurs]
+	r.target("ours (retries, the load's method idempotent): failed calls across the kills", "0",
+		fmt.Sprintf("%d of %d", ot.failed, ot.calls), ot.calls > 0 && ot.failed == 0)
 	ls := summarize(lastSub)
 	over := ls.P50 - ms(theory)
 	r.target("overhead of the last subscriber's removal over probe interval × (N+M), median trial", fmt.Sprintf("<= %s", cfg.foProbe),
 		fmt.Sprintf("%.0fms (p50 %.0fms, worst trial %.0fms, vs %s)", over, ls.P50, ls.Max, theory), ls.N > 0 && over <= ms(cfg.foProbe))
-	r.note("removal: kill → the first address list without the backend that the registry resolver hands each grpc ClientConn (a tap between the resolver and grpc); last_subscriber is the slowest of the %d subscribers in each trial", cfg.foConns)
+	r.note("sides, each one channel per subscriber with the same load (%d calls/s, each taking %s on the backend, 1s deadline for all attempts): ours = grpc.NewClient(\"registry:///fo\", c.DialOptions()...) with Policy.Idempotent = [/grpc.health.v1.Health/Check] (retries on Unavailable, on another instance); rr_registry = round_robin over our resolver (WithDisableServiceConfig), on the same SDK client, so the same subscription; rr_etcd_naming = round_robin over go.etcd.io/etcd/client/v3/naming/resolver, the backends added with endpoints.Manager (they stay there while killed, as while the process holding their lease lives)", cfg.foRPS, cfg.foWork)
+	r.note("kill: the backend's grpc.Server.Stop() (listener and connections closed at once, calls in flight fail on the client as on a kill -9 of its process); it comes back on the same address after the last subscriber's removal + 200ms")
+	r.note("failed_calls/calls: every call that ended after the first kill and started before the end of the last trial (the restarted backend called again by every channel, or %s)", cfg.foReroute)
+	for _, s := range sides {
+		if t := tallies[s.name]; t.failed > 0 {
+			r.note("%s's failures: %s", s.name, topErrors(t.errs, 3))
+		}
+	}
+	r.note("reroute_after_restart: restart → the first call the restarted backend answered, per channel (ours ramps it from 5%% of its weight, slow start; round_robin waits for its reconnect backoff); not_rerouted: channels that had not called it within %s", cfg.foReroute)
+	r.note("removal: kill → the first address list without the backend that the registry resolver hands each grpc ClientConn (a tap between the resolver and the rr_registry channel); last_subscriber is the slowest of the %d subscribers in each trial", cfg.foConns)
 	r.note("regnode_degraded/unavailable: kill → the state in the regnode's own cache, i.e. the prober's detection; removal − unavailable is propagation to subscribers")
-	r.note("last_hit: kill → end of the last request answered by the killed backend; failed_requests: requests that failed between the kill and the last removal + 200ms (round_robin stops picking a subconn whose connection closed, so few fail)")
+	r.note("last_hit: kill → end of the last call the killed backend answered")
+	r.note("retries, retry_budget_exhausted, ejections, no_instance_picks: the counts of the SDK clients' balance.Metrics over the whole run (ours's channels only)")
 	r.note("theoretical: the first failed probe comes within one interval of the kill and the (N+M)th %d intervals after it, so detection falls in %s..%s; %s is that upper bound, before any write or propagation", th.FailuresToDegraded+th.FailuresToUnavailable-1, theory-cfg.foProbe, theory, theory)
 	return r, nil
+}
+
+// topErrors lists the k most frequent errors with their counts.
+func topErrors(errs map[string]int, k int) string {
+	type ec struct {
+		msg string
+		n   int
+	}
+	var l []ec
+	for m, n := range errs {
+		l = append(l, ec{m, n})
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i].n > l[j].n || l[i].n == l[j].n && l[i].msg < l[j].msg })
+	var out []string
+	for _, x := range l[:min(k, len(l))] {
+		out = append(out, fmt.Sprintf("%d× %s", x.n, x.msg))
+	}
+	return strings.Join(out, "; ")
 }

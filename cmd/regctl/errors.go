@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/record"
 )
 
@@ -66,6 +67,10 @@ func describe(err error, o *options) string {
 	if errors.As(err, &nf) {
 		return nf.Error()
 	}
+	var gu *gaveUpError
+	if errors.As(err, &gu) {
+		return oneLine(gu.msg)
+	}
 	var fe *record.FieldError
 	if errors.As(err, &fe) {
 		return fe.Error()
@@ -121,4 +126,50 @@ func isDialFailure(msg string) bool {
 // oneLine folds a multi-line message onto one line.
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// gaveUpError is a command that retried until --timeout and gave up
+// (register's first registration); last is the final attempt's error, so
+// the hint can tell an unreachable regnode from one that answered.
+type gaveUpError struct {
+	msg  string
+	last error
+}
+
+func (e *gaveUpError) Error() string { return e.msg }
+
+// unreachable reports whether err means no regnode answered at the
+// endpoints: the connection could not be made, or nothing came back
+// within --timeout.
+func unreachable(err error) bool {
+	var gu *gaveUpError
+	if errors.As(err, &gu) {
+		return unreachable(gu.last)
+	}
+	if st, ok := grpcStatus(err); ok {
+		switch st.Code() {
+		case codes.Unavailable:
+			return isDialFailure(st.Message())
+		case codes.DeadlineExceeded:
+			return true
+		}
+		return false
+	}
+	return errors.Is(err, context.DeadlineExceeded)
+}
+
+// hint is appended to the error line when no regnode answered: how to
+// point regctl at another, worded by where the endpoints came from. It is
+// "" for every other error.
+func hint(err error, o *options) string {
+	if err == nil || !unreachable(err) || len(o.endpoints) == 0 {
+		return ""
+	}
+	switch o.endpointsFrom {
+	case "--endpoints":
+		return "; check --endpoints (the host:port of regnodes' --listen, comma-separated; it wins over $" + envEndpoints + ")"
+	case "$" + envEndpoints:
+		return "; the endpoints came from $" + envEndpoints + ": change it, or give --endpoints host:port,..."
+	}
+	return "; is a regnode running there? " + client.DefaultEndpoint + " is only the default: point regctl at your regnodes with --endpoints host:port,... or $" + envEndpoints
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -217,17 +218,28 @@ func runRegister(ctx context.Context, o *options, inst *registryv1.Instance, ttl
 	// The SDK's warnings (renewal failures, a lost lease) go to stderr
 	// once registered; while the first registration is retried they
 	// would only repeat what the final error says.
+	// Instead, on a terminal, the first failed attempt prints one line
+	// saying regctl is still trying (the SDK reports a failed attempt only
+	// to its logger).
 	var level slog.LevelVar
 	level.Set(slog.LevelError + 1)
-	logger := slog.New(slog.NewTextHandler(o.stderr, &slog.HandlerOptions{Level: &level}))
+	p := &eventPrinter{o: o}
+	name := inst.GetService() + "/" + inst.GetId()
+	retrying := &retryNotice{notify: func(err error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		fmt.Fprintf(o.stderr, "regctl: %s; still trying to register %s for up to %s (--timeout), Ctrl-C to stop\n", describe(err, o), name, o.timeout)
+	}}
+	// Only where someone watches: on a pipe or in a file a failed
+	// registration stays the one error line it always was.
+	retrying.active.Store(isTerminal(o.stderr))
+	logger := slog.New(&retryHandler{Handler: slog.NewTextHandler(o.stderr, &slog.HandlerOptions{Level: &level}), n: retrying})
 	c, err := o.connect(logger)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 
-	p := &eventPrinter{o: o}
-	name := inst.GetService() + "/" + inst.GetId()
 	ev := func(event string, leaseID int64) registerEvent {
 		e := registerEvent{Event: event, Service: inst.GetService(), ID: inst.GetId()}
 		if leaseID != 0 {
@@ -253,12 +265,13 @@ func runRegister(ctx context.Context, o *options, inst *registryv1.Instance, ttl
 	startCtx, cancelStart := context.WithTimeout(untilSignal, o.timeout)
 	reg, err := c.Register(startCtx, inst, client.RegisterOptions{TTL: ttl, DrainGrace: drainGrace, OnChange: onChange})
 	cancelStart()
+	retrying.active.Store(false)
 	if err != nil {
 		switch {
 		case untilSignal.Err() != nil:
 			return fmt.Errorf("interrupted before %s was registered (if it was, its lease expires within %s)", name, ttl)
 		case errors.Is(err, context.DeadlineExceeded):
-			return fmt.Errorf("could not register %s within %s (--timeout): %v", name, o.timeout, err)
+			return &gaveUpError{msg: fmt.Sprintf("could not register %s within %s (--timeout): %v", name, o.timeout, err), last: err}
 		}
 		return err
 	}
@@ -286,4 +299,59 @@ func runRegister(ctx context.Context, o *options, inst *registryv1.Instance, ttl
 	}
 	p.print(ev("deregistered", 0), fmt.Sprintf("deregistered %s", name))
 	return nil
+}
+
+// retryNotice calls notify once, for the first failed attempt logged
+// while active (the first registration's retries).
+type retryNotice struct {
+	active atomic.Bool
+	once   sync.Once
+	notify func(err error)
+}
+
+// retryHandler passes records on to Handler at its own level, and shows
+// retryNotice the SDK's warnings whatever that level: a failed attempt is
+// a warning carrying its error as "err".
+type retryHandler struct {
+	slog.Handler
+	n *retryNotice
+}
+
+func (h *retryHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.Handler.Enabled(ctx, l) || (l >= slog.LevelWarn && h.n.active.Load())
+}
+
+func (h *retryHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn && h.n.active.Load() {
+		r.Attrs(func(a slog.Attr) bool {
+			if err, ok := a.Value.Any().(error); ok && a.Key == "err" {
+				h.n.once.Do(func() { h.n.notify(err) })
+				return false
+			}
+			return true
+		})
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *retryHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &retryHandler{Handler: h.Handler.WithAttrs(as), n: h.n}
+}
+
+func (h *retryHandler) WithGroup(name string) slog.Handler {
+	return &retryHandler{Handler: h.Handler.WithGroup(name), n: h.n}
+}
+
+// isTerminal reports whether w is a terminal (a character device: a tty,
+// or /dev/null, where a progress line costs nothing).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -37,6 +37,7 @@ const defaultTimeout = 5 * time.Second
 type options struct {
 	endpointsFlag string
 	endpoints     []string // resolved by connect
+	endpointsFrom string   // where endpoints came from, for hints: "--endpoints", "$REGCTL_ENDPOINTS" or "default"
 	timeout       time.Duration
 	output        string
 	tls           tlsfiles.Client // --cacert, --cert, --key (etcdctl's names)
@@ -75,7 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if ue != nil && ue.cmd == "" && cmd != nil {
 		ue.cmd = cmd.CommandPath()
 	}
-	fmt.Fprintf(stderr, "regctl: %s\n", describe(err, o))
+	fmt.Fprintf(stderr, "regctl: %s%s\n", describe(err, o), hint(err, o))
 	return exitCode(err)
 }
 
@@ -144,6 +145,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		newDeregisterCmd(o),
 		newStatusCmd(o),
 		newWatchCmd(o),
+		newVersionCmd(o),
 	)
 	return root
 }
@@ -171,13 +173,14 @@ func nArgs(min, max int, names string) cobra.PositionalArgs {
 // resolveEndpoints picks --endpoints, else $REGCTL_ENDPOINTS, else the
 // default.
 func (o *options) resolveEndpoints() ([]string, error) {
-	s := o.endpointsFlag
+	s, from := o.endpointsFlag, "--endpoints"
 	if s == "" && o.getenv != nil {
-		s = o.getenv(envEndpoints)
+		s, from = o.getenv(envEndpoints), "$"+envEndpoints
 	}
 	if s == "" {
-		s = client.DefaultEndpoint
+		s, from = client.DefaultEndpoint, "default"
 	}
+	o.endpointsFrom = from
 	eps, err := parseEndpoints(s)
 	if err != nil {
 		return nil, err

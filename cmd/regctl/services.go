@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/view"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -29,7 +30,8 @@ unavailable, unknown). -o json prints an array of objects.`,
 	}
 }
 
-// listInstances calls List for service (every service when empty).
+// listInstances lists service (every service when empty), page by page
+// at one revision.
 func listInstances(cmd *cobra.Command, o *options, service string) ([]*registryv1.Instance, error) {
 	c, err := o.connect(nil)
 	if err != nil {
@@ -38,9 +40,9 @@ func listInstances(cmd *cobra.Command, o *options, service string) ([]*registryv
 	defer c.Close()
 	ctx, cancel := o.callCtx(cmd.Context())
 	defer cancel()
-	resp, err := c.API().List(ctx, &registryv1.ListRequest{Service: service})
+	l, err := c.List(ctx, service, client.ListOptions{})
 	if err != nil {
 		return nil, err
 	}
-	return resp.GetInstances(), nil
+	return l.Instances, nil
 }

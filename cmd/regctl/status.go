@@ -12,13 +12,14 @@ func newStatusCmd(o *options) *cobra.Command {
 		Use:   "status",
 		Short: "Show the regnode, its etcd cluster and instance counts",
 		Long: `Show the regnode that answered, the prober leader ("-" when none), the etcd
-revision and compact revision, the cluster id and members (with the etcd
-leader), and the instances counted by state. -o wide adds the members' peer
+revision and compact revision, the cluster id, the epoch (the etcd history
+followed: it changes when etcd is restored from a backup) and members (with
+the etcd leader), and the instances counted by state. -o wide adds the members' peer
 URLs. -o json prints one object:
 
   {"node","leader","revision","compact_revision","members":[{"id","name",
    "peer_urls","client_urls","is_leader","is_learner"}],"cluster_id",
-   "counts":{...},"junk_skipped","embedded","etcd_version","version"}`,
+   "epoch","counts":{...},"junk_skipped","embedded","etcd_version","version"}`,
 		Args: nArgs(0, 0, ""),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := o.connect(nil)

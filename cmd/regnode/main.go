@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/regcluster/registry/internal/buildinfo"
 	"github.com/regcluster/registry/node"
 )
 
@@ -80,6 +81,8 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 			return serve(cmd.Context(), cfg)
 		},
 	}
+	cmd.Version = buildinfo.Read().String()
+	cmd.SetVersionTemplate("regnode {{.Version}}\n")
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "gRPC API address host:port")
 	f.StringVar(&cfg.Embed.Dir, "data-dir", cfg.Embed.Dir, "embedded etcd data directory")

@@ -2,8 +2,9 @@
 // the watch feeds a local cache and a ring of recent transactions, and each
 // subscriber is served from memory. A subscriber resuming from a revision
 // still in the ring gets the missed transactions; an older one gets a reset
-// snapshot; one ahead of this regnode waits for it to catch up, or is told
-// to try another. A subscriber too slow to keep up with its bounded queue is
+// snapshot; one of another epoch (etcd was restored since, see
+// internal/epoch) gets a new-epoch reset snapshot; one ahead of this regnode
+// on its epoch waits for it to catch up, or is told to try another. A subscriber too slow to keep up with its bounded queue is
 // reset (never silently skipped), and never blocks the others.
 package fanout
 
@@ -18,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/epoch"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/watch"
@@ -25,8 +27,9 @@ import (
 
 // Sentinel errors of Subscribe.
 var (
-	// ErrBehind: the subscriber has seen a revision this regnode has not
-	// reached within CatchUpTimeout; it should try another regnode.
+	// ErrBehind: the subscriber has seen a revision (or epoch) this
+	// regnode has not reached within CatchUpTimeout; it should try another
+	// regnode.
 	ErrBehind = errors.New("this regnode is behind the requested revision")
 	// ErrClosed: the hub is stopping.
 	ErrClosed = errors.New("fan-out hub closed")
@@ -65,6 +68,8 @@ type Hub struct {
 	log   *slog.Logger
 	cache *cache.Cache
 	w     *watch.Watcher
+	// epochKey is where etcd keeps the epoch (see internal/epoch).
+	epochKey string
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -75,6 +80,7 @@ type Hub struct {
 		ringStart int64   // the ring holds every transaction after this revision
 		events    int     // events in ring
 		rev       int64   // revision of the cache
+		epoch     string  // epoch of the cache
 		changed   chan struct{}
 		subs      map[*Sub]struct{}
 		closed    bool
@@ -100,12 +106,13 @@ func New(cfg Config) (*Hub, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	w, err := watch.New(watch.Config{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger,
+	key := epoch.Key(cfg.Prefix)
+	w, err := watch.New(watch.Config{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger, EpochKey: key,
 		ProgressInterval: cfg.ProgressInterval, OnJunk: cfg.OnJunk, OnRestart: cfg.OnWatchRestart})
 	if err != nil {
 		return nil, err
 	}
-	h := &Hub{cfg: cfg, log: cfg.Logger, cache: cache.New(), w: w, ready: make(chan struct{})}
+	h := &Hub{cfg: cfg, log: cfg.Logger, cache: cache.New(), w: w, epochKey: key, ready: make(chan struct{})}
 	h.mu.subs = map[*Sub]struct{}{}
 	h.mu.changed = make(chan struct{})
 	return h, nil
@@ -148,6 +155,9 @@ func (h *Hub) apply(b cache.Batch) error {
 		return nil
 	}
 	h.mu.rev = h.cache.Revision()
+	if b.Snapshot {
+		h.mu.epoch = b.Epoch
+	}
 	close(h.mu.changed)
 	h.mu.changed = make(chan struct{})
 	switch {
@@ -176,7 +186,7 @@ func (h *Hub) apply(b cache.Batch) error {
 		}
 	}
 	for s := range h.mu.subs {
-		s.push(b.Revision, b.Events)
+		s.push(b.Revision, h.mu.epoch, b.Events)
 	}
 	return nil
 }
@@ -185,6 +195,8 @@ func (h *Hub) apply(b cache.Batch) error {
 // events, or progress, with the revision it brings the subscriber to.
 type Message struct {
 	Revision int64
+	// Epoch names the etcd history Revision belongs to.
+	Epoch string
 	// Snapshot, when true, is the complete state at Revision; Instances
 	// holds it.
 	Snapshot  bool
@@ -196,11 +208,13 @@ type Message struct {
 }
 
 // Subscribe registers a subscriber of service ("" for all) that has seen
-// everything up to from (0: nothing). Its first message is a snapshot
-// (from 0, or a reset when from is older than the ring), or the missed
-// transactions. A from ahead of this regnode waits up to CatchUpTimeout,
-// then fails with ErrBehind.
-func (h *Hub) Subscribe(ctx context.Context, service string, from int64) (*Sub, error) {
+// everything up to from (0: nothing) of epoch ep ("": this hub's). Its
+// first message is a snapshot (from 0, or a reset when from is older than
+// the ring, or a new-epoch reset when ep is an epoch etcd has left), or the
+// missed transactions. A from ahead of this regnode, or an ep etcd has
+// moved to and this regnode has not yet, waits up to CatchUpTimeout, then
+// fails with ErrBehind.
+func (h *Hub) Subscribe(ctx context.Context, service string, from int64, ep string) (*Sub, error) {
 	if service != "" {
 		if err := record.ValidService(service); err != nil {
 			return nil, err
@@ -216,20 +230,45 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64) (*Sub, 
 	}
 	deadline := time.NewTimer(h.cfg.CatchUpTimeout)
 	defer deadline.Stop()
+	gone := false // ep is an epoch etcd has left
 	for {
 		h.mu.Lock()
 		if h.mu.closed {
 			h.mu.Unlock()
 			return nil, ErrClosed
 		}
-		if from <= h.mu.rev {
-			break // still holding h.mu
+		if ep == "" || ep == h.mu.epoch {
+			if from <= h.mu.rev {
+				break // still holding h.mu
+			}
+		} else {
+			// Which of the two epochs is etcd's? Ask it: a subscriber
+			// may come from a regnode that saw the restore first.
+			mine := h.mu.epoch
+			h.mu.Unlock()
+			cur, _, err := epoch.Read(clientv3.WithRequireLeader(ctx), h.cfg.Client, h.epochKey)
+			if err != nil {
+				return nil, err
+			}
+			h.mu.Lock()
+			if h.mu.epoch == mine && cur == mine {
+				gone = true
+				break // still holding h.mu
+			}
+			if h.mu.epoch != mine {
+				h.mu.Unlock()
+				continue // the hub moved meanwhile: look again
+			}
+			// etcd is on an epoch this hub has not reached: wait for it.
 		}
-		changed, rev := h.mu.changed, h.mu.rev
+		changed, rev, mine := h.mu.changed, h.mu.rev, h.mu.epoch
 		h.mu.Unlock()
 		select {
 		case <-changed:
 		case <-deadline.C:
+			if ep != "" && ep != mine {
+				return nil, fmt.Errorf("%w: asked for epoch %s, at epoch %s after %s", ErrBehind, ep, mine, h.cfg.CatchUpTimeout)
+			}
 			return nil, fmt.Errorf("%w: asked for %d, at %d after %s", ErrBehind, from, rev, h.cfg.CatchUpTimeout)
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -240,6 +279,9 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64) (*Sub, 
 	switch {
 	case from == 0:
 		s.first = h.snapshot(service, false, false)
+	case gone:
+		s.first = h.snapshot(service, true, true)
+		h.resetSent("new-epoch")
 	case from >= h.mu.ringStart:
 		var evs []cache.Event
 		for _, e := range h.mu.ring {
@@ -247,7 +289,7 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64) (*Sub, 
 				evs = append(evs, filter(service, e.events)...)
 			}
 		}
-		s.first = &Message{Revision: h.mu.rev, Events: evs}
+		s.first = &Message{Revision: h.mu.rev, Epoch: h.mu.epoch, Events: evs}
 	default:
 		s.first = h.snapshot(service, true, false)
 		h.resetSent("ring")
@@ -266,9 +308,11 @@ func (h *Hub) resetSent(reason string) {
 	}
 }
 
+// snapshot is the cache's state; called with h.mu held, so that the epoch
+// is the one of the state.
 func (h *Hub) snapshot(service string, reset, newEpoch bool) *Message {
 	snap := h.cache.Snapshot()
-	m := &Message{Revision: snap.Revision(), Snapshot: true, Reset: reset, NewEpoch: newEpoch}
+	m := &Message{Revision: snap.Revision(), Epoch: h.mu.epoch, Snapshot: true, Reset: reset, NewEpoch: newEpoch}
 	if service == "" {
 		m.Instances = snap.All()
 	} else {
@@ -288,6 +332,13 @@ func filter(service string, evs []cache.Event) []cache.Event {
 		}
 	}
 	return out
+}
+
+// Epoch is the epoch of the hub's cache ("" before the first snapshot).
+func (h *Hub) Epoch() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.mu.epoch
 }
 
 // Revision is the revision of the hub's cache.

@@ -29,7 +29,7 @@ type Sub struct {
 
 // push queues one transaction (or progress, when evs is empty). Called
 // with h.mu held.
-func (s *Sub) push(rev int64, evs []cache.Event) {
+func (s *Sub) push(rev int64, epoch string, evs []cache.Event) {
 	evs = filter(s.service, evs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -47,7 +47,7 @@ func (s *Sub) push(rev int64, evs []cache.Event) {
 		s.wake()
 		return
 	}
-	s.mu.queue = append(q, Message{Revision: rev, Events: evs})
+	s.mu.queue = append(q, Message{Revision: rev, Epoch: epoch, Events: evs})
 	s.wake()
 }
 
@@ -102,7 +102,9 @@ func (s *Sub) Next(ctx context.Context) (Message, error) {
 			// Taken after clearing the flag: every transaction the hub
 			// applies from now on is either in this snapshot or queued
 			// after it (and skipped below if already in it).
+			s.h.mu.Lock()
 			m := s.h.snapshot(s.service, true, epoch)
+			s.h.mu.Unlock()
 			s.sent = m.Revision
 			return *m, nil
 		}

@@ -15,7 +15,10 @@ type Status struct {
 	CompactRevision int64    `json:"compact_revision"`
 	Members         []Member `json:"members"`
 	// ClusterID is the etcd cluster id, in hex.
-	ClusterID   string `json:"cluster_id"`
+	ClusterID string `json:"cluster_id"`
+	// Epoch names the etcd history the regnode follows: it changes when
+	// etcd is restored from a backup, while the cluster id may not.
+	Epoch       string `json:"epoch"`
 	Counts      Counts `json:"counts"`
 	JunkSkipped int64  `json:"junk_skipped"`
 	// Embedded says whether the regnode embeds an etcd member.
@@ -70,6 +73,7 @@ func NewStatus(s *registryv1.StatusResponse) Status {
 		CompactRevision: s.GetCompactRevision(),
 		Members:         members,
 		ClusterID:       HexID(s.GetClusterId()),
+		Epoch:           s.GetEpoch(),
 		Counts: Counts{
 			Total:       c.GetTotal(),
 			Starting:    c.GetStarting(),

@@ -286,6 +286,7 @@ func WriteStatus(w io.Writer, s Status, wide bool) error {
 	kv("Revision", num(s.Revision))
 	kv("Compact revision", num(s.CompactRevision))
 	kv("Cluster ID", s.ClusterID)
+	kv("Epoch", s.Epoch)
 	kv("etcd version", s.EtcdVersion)
 	kv("Embedded etcd", yesNo(s.Embedded))
 	kv("Junk skipped", num(s.JunkSkipped))

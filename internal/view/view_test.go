@@ -221,13 +221,13 @@ func TestStatusJSON(t *testing.T) {
 		Members: []*registryv1.Member{{Id: 0x8e9e05c52164694d, Name: "m1", PeerUrls: []string{"http://p"},
 			ClientUrls: []string{"http://c"}, IsLeader: true}},
 		Counts:      &registryv1.InstanceCounts{Total: 3, Serving: 2, Draining: 1, Unknown: 3, Services: 2},
-		JunkSkipped: 1, Embedded: true, EtcdVersion: "3.7.3", Version: "0.1.0",
+		JunkSkipped: 1, Embedded: true, EtcdVersion: "3.7.3", Version: "0.1.0", Epoch: "5f1e",
 	}))
-	wantKeys(t, "status", m, "node", "leader", "revision", "compact_revision", "members", "cluster_id",
+	wantKeys(t, "status", m, "node", "leader", "revision", "compact_revision", "members", "cluster_id", "epoch",
 		"counts", "junk_skipped", "embedded", "etcd_version", "version")
 	for k, want := range map[string]any{
 		"node": "rn-1", "leader": "rn-2", "revision": 99.0, "compact_revision": 50.0,
-		"cluster_id": "cdf818194e3a8c32", "junk_skipped": 1.0, "embedded": true, "etcd_version": "3.7.3",
+		"cluster_id": "cdf818194e3a8c32", "epoch": "5f1e", "junk_skipped": 1.0, "embedded": true, "etcd_version": "3.7.3",
 	} {
 		if m[k] != want {
 			t.Errorf("%s = %#v, want %#v", k, m[k], want)

@@ -102,8 +102,10 @@ func (l WatchLine) key() (service, id string) {
 // events (all at the response's revision). A snapshot with no instances
 // carries "instances":[]; an unknown kind gives no line.
 //
-// A snapshot may arrive in chunks (Snapshot.more): join the chunks' instances
-// into the last chunk before converting, so that a snapshot is one line.
+// A snapshot or an events unit may arrive in chunks (Snapshot.more,
+// Events.more): join a stream's chunks with chunk.Joiner and convert the
+// whole units it returns, so that a snapshot is one line and a unit's lines
+// are never printed half.
 func NewWatchLines(r *registryv1.WatchResponse) []WatchLine {
 	rev := r.GetRevision()
 	switch k := r.GetKind().(type) {

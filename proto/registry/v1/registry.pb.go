@@ -1277,8 +1277,19 @@ func (x *GetResponse) GetRevision() int64 {
 }
 
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"` // empty lists every service
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"` // empty lists every service
+	// page_size bounds the instances of one response (0: the server's
+	// default, 500; above 1000 is read as 1000). A page is also bounded by
+	// bytes (about 1 MiB), so it may hold fewer: only an empty
+	// next_page_token ends a listing.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the next_page_token of the previous page ("" for the
+	// first). Every page of one listing is read at the first page's
+	// revision; once that revision is compacted, or etcd was restored, the
+	// call fails with ABORTED (reason PAGE_TOKEN_EXPIRED): list again from
+	// the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1320,11 +1331,27 @@ func (x *ListRequest) GetService() string {
 	return ""
 }
 
+func (x *ListRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Instances     []*Instance            `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
-	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"` // the etcd revision every instance was read at
-	Skipped       int64                  `protobuf:"varint,3,opt,name=skipped,proto3" json:"skipped,omitempty"`   // junk records under the prefix that were skipped
+	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`                                 // the etcd revision every instance was read at
+	Skipped       int64                  `protobuf:"varint,3,opt,name=skipped,proto3" json:"skipped,omitempty"`                                   // junk records of this page that were skipped
+	NextPageToken string                 `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"` // "" on the last page
+	Epoch         string                 `protobuf:"bytes,5,opt,name=epoch,proto3" json:"epoch,omitempty"`                                        // the etcd history the listing was read from
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1380,10 +1407,28 @@ func (x *ListResponse) GetSkipped() int64 {
 	return 0
 }
 
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
 type WatchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`                                // empty watches every service
-	FromRevision  int64                  `protobuf:"varint,2,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"` // 0: snapshot first; else resume after this revision
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Service      string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`                                // empty watches every service
+	FromRevision int64                  `protobuf:"varint,2,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"` // 0: snapshot first; else resume after this revision
+	// epoch of from_revision (WatchResponse.epoch of the view). A regnode on
+	// another epoch answers with a new_epoch reset snapshot. Empty: the
+	// revision is taken to be of this regnode's epoch.
+	Epoch         string `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1430,6 +1475,13 @@ func (x *WatchRequest) GetFromRevision() int64 {
 		return x.FromRevision
 	}
 	return 0
+}
+
+func (x *WatchRequest) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
 }
 
 type Snapshot struct {
@@ -1573,8 +1625,13 @@ func (x *Event) GetId() string {
 }
 
 type Events struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"` // one etcd transaction
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One unit: an etcd transaction, or the transactions a resuming
+	// subscriber missed, in order.
+	Events []*Event `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// more: further chunks of this unit follow, at the same revision; a
+	// subscriber applies the unit when the chunk with more=false arrives.
+	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1616,6 +1673,13 @@ func (x *Events) GetEvents() []*Event {
 	return nil
 }
 
+func (x *Events) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
 type Progress struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1652,6 +1716,9 @@ func (*Progress) Descriptor() ([]byte, []int) {
 	return file_registry_v1_registry_proto_rawDescGZIP(), []int{21}
 }
 
+// WatchResponse is one message of a Watch stream; no message exceeds
+// about 1 MiB (larger snapshots and event units come in chunks, see
+// Snapshot.more and Events.more).
 type WatchResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Revision int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
@@ -1660,7 +1727,10 @@ type WatchResponse struct {
 	//	*WatchResponse_Snapshot
 	//	*WatchResponse_Events
 	//	*WatchResponse_Progress
-	Kind          isWatchResponse_Kind `protobuf_oneof:"kind"`
+	Kind isWatchResponse_Kind `protobuf_oneof:"kind"`
+	// epoch identifies the etcd history revision belongs to; a subscriber
+	// sends it back with its revision (WatchRequest.epoch) to resume.
+	Epoch         string `protobuf:"bytes,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1734,6 +1804,13 @@ func (x *WatchResponse) GetProgress() *Progress {
 		}
 	}
 	return nil
+}
+
+func (x *WatchResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
 }
 
 type isWatchResponse_Kind interface {
@@ -1999,6 +2076,7 @@ type StatusResponse struct {
 	JunkSkipped     int64                  `protobuf:"varint,9,opt,name=junk_skipped,json=junkSkipped,proto3" json:"junk_skipped,omitempty"`
 	EtcdVersion     string                 `protobuf:"bytes,10,opt,name=etcd_version,json=etcdVersion,proto3" json:"etcd_version,omitempty"`
 	Version         string                 `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
+	Epoch           string                 `protobuf:"bytes,12,opt,name=epoch,proto3" json:"epoch,omitempty"` // the etcd history this regnode follows
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -2110,6 +2188,13 @@ func (x *StatusResponse) GetVersion() string {
 	return ""
 }
 
+func (x *StatusResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
 var File_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_registry_v1_registry_proto_rawDesc = "" +
@@ -2197,16 +2282,22 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"\\\n" +
 	"\vGetResponse\x121\n" +
 	"\binstance\x18\x01 \x01(\v2\x15.registry.v1.InstanceR\binstance\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"'\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"c\n" +
 	"\vListRequest\x12\x18\n" +
-	"\aservice\x18\x01 \x01(\tR\aservice\"y\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xb7\x01\n" +
 	"\fListResponse\x123\n" +
 	"\tinstances\x18\x01 \x03(\v2\x15.registry.v1.InstanceR\tinstances\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x18\n" +
-	"\askipped\x18\x03 \x01(\x03R\askipped\"M\n" +
+	"\askipped\x18\x03 \x01(\x03R\askipped\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epoch\"c\n" +
 	"\fWatchRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12#\n" +
-	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\"\x86\x01\n" +
+	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\tR\x05epoch\"\x86\x01\n" +
 	"\bSnapshot\x123\n" +
 	"\tinstances\x18\x01 \x03(\v2\x15.registry.v1.InstanceR\tinstances\x12\x14\n" +
 	"\x05reset\x18\x02 \x01(\bR\x05reset\x12\x1b\n" +
@@ -2220,16 +2311,18 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bTYPE_PUT\x10\x01\x12\x0f\n" +
-	"\vTYPE_DELETE\x10\x02\"4\n" +
+	"\vTYPE_DELETE\x10\x02\"H\n" +
 	"\x06Events\x12*\n" +
-	"\x06events\x18\x01 \x03(\v2\x12.registry.v1.EventR\x06events\"\n" +
+	"\x06events\x18\x01 \x03(\v2\x12.registry.v1.EventR\x06events\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"\n" +
 	"\n" +
-	"\bProgress\"\xcc\x01\n" +
+	"\bProgress\"\xe2\x01\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x123\n" +
 	"\bsnapshot\x18\x02 \x01(\v2\x15.registry.v1.SnapshotH\x00R\bsnapshot\x12-\n" +
 	"\x06events\x18\x03 \x01(\v2\x13.registry.v1.EventsH\x00R\x06events\x123\n" +
-	"\bprogress\x18\x04 \x01(\v2\x15.registry.v1.ProgressH\x00R\bprogressB\x06\n" +
+	"\bprogress\x18\x04 \x01(\v2\x15.registry.v1.ProgressH\x00R\bprogress\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epochB\x06\n" +
 	"\x04kind\"\x0f\n" +
 	"\rStatusRequest\"\xa6\x01\n" +
 	"\x06Member\x12\x0e\n" +
@@ -2250,7 +2343,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\bdegraded\x18\x06 \x01(\x03R\bdegraded\x12 \n" +
 	"\vunavailable\x18\a \x01(\x03R\vunavailable\x12\x18\n" +
 	"\aunknown\x18\b \x01(\x03R\aunknown\x12\x1a\n" +
-	"\bservices\x18\t \x01(\x03R\bservices\"\x82\x03\n" +
+	"\bservices\x18\t \x01(\x03R\bservices\"\x98\x03\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x1a\n" +
@@ -2264,7 +2357,8 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\fjunk_skipped\x18\t \x01(\x03R\vjunkSkipped\x12!\n" +
 	"\fetcd_version\x18\n" +
 	" \x01(\tR\vetcdVersion\x12\x18\n" +
-	"\aversion\x18\v \x01(\tR\aversion*m\n" +
+	"\aversion\x18\v \x01(\tR\aversion\x12\x14\n" +
+	"\x05epoch\x18\f \x01(\tR\x05epoch*m\n" +
 	"\tLifecycle\x12\x19\n" +
 	"\x15LIFECYCLE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LIFECYCLE_STARTING\x10\x01\x12\x15\n" +

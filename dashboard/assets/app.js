@@ -1,0 +1,271 @@
+// The registry dashboard. It keeps one Server-Sent Events stream of
+// /api/v1/watch (regctl watch -o json, one line per event) and applies
+// each line to a map of instances: the first snapshot fills it, every
+// reset replaces it, puts and deletes change it. Nothing here polls for
+// instances. Status (leader, members, compact revision) is fetched when
+// the stream (re)connects, after a drain or undrain, and at most every
+// 5 s while progress arrives.
+"use strict";
+
+(function () {
+  const readOnly = document.querySelector('meta[name="registry-read-only"]').content === "true";
+  const instances = new Map(); // "service/id" -> instance (view.Instance JSON)
+  let revision = 0;
+  let confirmedAt = 0; // Date.now() of the last line received
+  let statusAt = 0;
+  let source = null;
+  let renderQueued = false;
+
+  const $ = (id) => document.getElementById(id);
+  const el = (tag, attrs, ...kids) => {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") e.className = v;
+      else if (k === "text") e.textContent = v;
+      else e.setAttribute(k, v);
+    }
+    for (const k of kids) if (k != null) e.append(k);
+    return e;
+  };
+  const badge = (state) => el("span", { class: "badge s-" + state, text: state });
+
+  function age(iso) {
+    if (!iso) return "";
+    const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+    if (s < 60) return s + "s ago";
+    if (s < 3600) return Math.floor(s / 60) + "m " + (s % 60) + "s ago";
+    if (s < 86400) return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m ago";
+    return Math.floor(s / 86400) + "d ago";
+  }
+
+  function say(text, isError) {
+    const m = $("message");
+    m.textContent = text;
+    m.classList.toggle("error", !!isError);
+  }
+
+  // ---- the stream ----------------------------------------------------
+
+  function connect() {
+    let url = "/api/v1/watch";
+    if (revision > 0) url += "?from_revision=" + revision; // a new EventSource: resume by hand
+    source = new EventSource(url);
+    source.onopen = () => {
+      setConn(true);
+      refreshStatus();
+    };
+    source.onmessage = (ev) => {
+      let line;
+      try { line = JSON.parse(ev.data); } catch (e) { return; }
+      apply(line);
+    };
+    source.onerror = () => {
+      setConn(false);
+      // The browser retries by itself (with Last-Event-ID) unless the
+      // answer was not a stream (an error status): then retry by hand.
+      if (source.readyState === EventSource.CLOSED) {
+        source = null;
+        setTimeout(connect, 2000);
+      }
+    };
+  }
+
+  function setConn(up) {
+    const c = $("conn");
+    c.textContent = up ? "live" : "reconnecting…";
+    c.className = "conn " + (up ? "conn-up" : "conn-down");
+  }
+
+  function apply(line) {
+    switch (line.type) {
+      case "snapshot":
+        instances.clear();
+        for (const i of line.instances || []) instances.set(i.service + "/" + i.id, i);
+        if (line.new_epoch) say("etcd was restored or replaced: revisions start over (new epoch at " + line.revision + ").");
+        break;
+      case "put":
+        instances.set(line.instance.service + "/" + line.instance.id, line.instance);
+        break;
+      case "delete":
+        instances.delete(line.service + "/" + line.id);
+        break;
+      case "progress":
+        if (Date.now() - statusAt > 5000) refreshStatus();
+        break;
+    }
+    revision = line.revision;
+    confirmedAt = Date.now();
+    queueRender();
+  }
+
+  // statusCalls counts Status calls started and finished (read by the
+  // browser tests to know none is in flight).
+  const statusCalls = (window.__statusCalls = { started: 0, done: 0 });
+
+  async function refreshStatus() {
+    statusAt = Date.now();
+    statusCalls.started++;
+    try {
+      const r = await fetch("/api/v1/status", { headers: { Accept: "application/json" } });
+      const s = await r.json();
+      if (!r.ok) throw new Error(s.error || r.statusText);
+      renderStatus(s);
+    } catch (e) {
+      $("leader").textContent = "status unavailable";
+    } finally {
+      statusCalls.done++;
+    }
+  }
+
+  // ---- drain and undrain ---------------------------------------------
+
+  // Instances with a drain or undrain in flight. The button is marked
+  // aria-disabled rather than disabled: disabling a focused button would
+  // throw the keyboard focus back to the page.
+  const pending = new Set();
+
+  async function lifecycle(service, id, action, button) {
+    const key = service + "/" + id;
+    if (pending.has(key)) return;
+    pending.add(key);
+    button.setAttribute("aria-disabled", "true");
+    say((action === "drain" ? "Draining " : "Undraining ") + service + "/" + id + "…");
+    try {
+      const r = await fetch("/api/v1/services/" + encodeURIComponent(service) + "/instances/" + encodeURIComponent(id) + "/" + action, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: action === "drain" ? JSON.stringify({ reason: "from the dashboard" }) : "{}",
+      });
+      const body = await r.json();
+      if (!r.ok) throw new Error(body.error || r.statusText);
+      say(service + "/" + id + " is " + body.lifecycle + " (revision " + r.headers.get("X-Registry-Revision") + ").");
+      refreshStatus();
+    } catch (e) {
+      say("Could not " + action + " " + service + "/" + id + ": " + e.message, true);
+    } finally {
+      pending.delete(key);
+      button.removeAttribute("aria-disabled");
+      queueRender();
+    }
+  }
+
+  // ---- rendering -----------------------------------------------------
+
+  function queueRender() {
+    if (renderQueued) return;
+    renderQueued = true;
+    requestAnimationFrame(() => { renderQueued = false; render(); });
+  }
+
+  function counts() {
+    const by = new Map();
+    for (const i of instances.values()) {
+      let c = by.get(i.service);
+      if (!c) by.set(i.service, c = { service: i.service, total: 0, serving: 0, draining: 0, starting: 0, healthy: 0, degraded: 0, unavailable: 0, unknown: 0 });
+      c.total++;
+      // As regctl services counts: an unspecified lifecycle is serving,
+      // no verdict is unknown.
+      if (i.lifecycle === "STARTING") c.starting++; else if (i.lifecycle === "DRAINING") c.draining++; else c.serving++;
+      const h = (i.health && i.health.state) || "UNKNOWN";
+      if (h === "HEALTHY") c.healthy++; else if (h === "DEGRADED") c.degraded++; else if (h === "UNAVAILABLE") c.unavailable++; else c.unknown++;
+    }
+    return [...by.values()].sort((a, b) => a.service < b.service ? -1 : a.service > b.service ? 1 : 0);
+  }
+
+  function render() {
+    // Re-rendering replaces the buttons: keep the keyboard focus where it was.
+    const f = document.activeElement;
+    const focusKey = f && f.dataset && f.dataset.focus;
+
+    $("revision").textContent = revision || "–";
+    const svcs = counts();
+    const tbody = $("services").tBodies[0];
+    tbody.replaceChildren(...svcs.map((c) => {
+      const cells = ["serving", "draining", "starting", "healthy", "degraded", "unavailable", "unknown"].map((k) =>
+        el("td", { class: "num" + (c[k] ? "" : " zero"), "data-col": k, text: String(c[k]) }));
+      return el("tr", { "data-service": c.service },
+        el("th", { scope: "row" }, el("a", { href: "#svc-" + c.service, "data-focus": "link:" + c.service, text: c.service })),
+        el("td", { class: "num", "data-col": "total", text: String(c.total) }), ...cells);
+    }));
+    $("no-services").hidden = svcs.length > 0;
+
+    const sections = svcs.map((c) => {
+      const rows = [...instances.values()].filter((i) => i.service === c.service)
+        .sort((a, b) => a.id < b.id ? -1 : a.id > b.id ? 1 : 0).map(row);
+      return el("section", { id: "svc-" + c.service, "aria-labelledby": "svc-h-" + c.service },
+        el("h2", { id: "svc-h-" + c.service }, c.service + " ", el("span", { class: "count", text: "(" + c.total + ")" })),
+        el("table", { class: "grid instances", "data-service": c.service },
+          el("thead", {}, el("tr", {}, ...["ID", "Address", "Lifecycle", "Health", "Reason", "Since", "Weight", "Zone", "Version", "Revision", ""].map((h) =>
+            el("th", { scope: "col", class: h === "Weight" || h === "Revision" ? "num" : "", text: h })))),
+          el("tbody", {}, ...rows)));
+    });
+    $("instances").replaceChildren(...sections);
+    tick();
+
+    if (focusKey) {
+      const again = document.querySelector('[data-focus="' + CSS.escape(focusKey) + '"]');
+      if (again) again.focus();
+    }
+  }
+
+  function row(i) {
+    const key = i.service + "/" + i.id;
+    const h = i.health || {};
+    const reasons = [];
+    if (h.reason) reasons.push(h.reason);
+    if (i.lifecycle_reason) reasons.push((i.lifecycle === "DRAINING" ? "drained: " : "") + i.lifecycle_reason);
+    const draining = i.lifecycle === "DRAINING";
+    const action = draining ? "undrain" : "drain";
+    const b = el("button", {
+      // One focus key per instance, so focus stays on its button when
+      // Drain turns into Undrain.
+      type: "button", class: action, "data-focus": "lifecycle:" + key,
+      "aria-label": (draining ? "Undrain " : "Drain ") + key,
+      text: draining ? "Undrain" : "Drain",
+    });
+    if (pending.has(key)) b.setAttribute("aria-disabled", "true");
+    if (readOnly) {
+      b.disabled = true;
+      b.title = "read-only: use regctl " + action + " " + key;
+    } else {
+      b.addEventListener("click", () => lifecycle(i.service, i.id, action, b));
+    }
+    const since = i.health && i.health.since ? i.health.since : i.registered_at;
+    const latency = h.state && h.state !== "UNKNOWN" && h.latency_ms ? " " + h.latency_ms.toFixed(1) + " ms" : "";
+    return el("tr", { "data-key": key },
+      el("th", { scope: "row", "data-col": "id", text: i.id }),
+      el("td", { "data-col": "address", text: i.address }),
+      el("td", { "data-col": "lifecycle" }, badge(i.lifecycle || "UNSPECIFIED")),
+      el("td", { "data-col": "health" }, badge(h.state || "UNKNOWN"), latency ? el("span", { class: "muted", text: latency }) : null),
+      el("td", { class: "reason", "data-col": "reason", text: reasons.join("; ") }),
+      el("td", { "data-col": "since", "data-since": since || "", title: since || "", text: age(since) }),
+      el("td", { class: "num", "data-col": "weight", text: String(i.weight || 100) }),
+      el("td", { "data-col": "zone", text: i.zone || "–" }),
+      el("td", { "data-col": "version", text: i.version || "–" }),
+      el("td", { class: "num", "data-col": "mod_revision", title: "the etcd revision of its last change", text: String(i.mod_revision) }),
+      el("td", {}, b));
+  }
+
+  function renderStatus(s) {
+    $("node").textContent = "node " + s.node + " · etcd " + s.etcd_version;
+    $("leader").textContent = s.leader || "none";
+    $("compact").textContent = String(s.compact_revision);
+    $("members").tBodies[0].replaceChildren(...(s.members || []).map((m) =>
+      el("tr", { "data-member": m.name },
+        el("th", { scope: "row", text: m.name || "(unstarted)" }),
+        el("td", { text: m.id }),
+        el("td", {}, el("span", { class: "badge " + (m.is_leader ? "s-SERVING" : "s-UNKNOWN"), text: m.is_leader ? "leader" : m.is_learner ? "learner" : "follower" })),
+        el("td", { text: (m.client_urls || []).join(", ") }),
+        el("td", { text: (m.peer_urls || []).join(", ") }))));
+  }
+
+  // Ages move every second without re-rendering the tables.
+  function tick() {
+    for (const td of document.querySelectorAll("td[data-since]")) td.textContent = age(td.dataset.since);
+    $("confirmed").textContent = confirmedAt ? age(new Date(confirmedAt).toISOString()) : "–";
+  }
+  setInterval(tick, 1000);
+
+  render();
+  connect();
+})();

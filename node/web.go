@@ -1,0 +1,74 @@
+package node
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/regcluster/registry/dashboard"
+	"github.com/regcluster/registry/httpapi"
+)
+
+// mountWeb mounts the JSON API (/api/v1/) and the dashboard (/) on the
+// HTTP port beside /metrics.
+//
+// The API calls this regnode's own gRPC API over a loopback connection,
+// so HTTP calls pass the same interceptors (metrics now, auth once it
+// lands) as any gRPC client. The connection is closed when the node starts
+// to stop, which also ends every SSE watch at once.
+//
+// Drain and undrain are allowed only when the HTTP port listens on
+// loopback alone: with no auth yet, anyone who can reach a wider listener
+// could drain instances. Elsewhere the API and the dashboard are read-only.
+func (n *Node) mountWeb(mux *http.ServeMux) error {
+	target := loopbackTarget(n.lis.Addr())
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("connect the HTTP API to the gRPC API at %s: %w", target, err)
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		<-n.done
+		conn.Close()
+	}()
+	readOnly := !isLoopback(n.mlis.Addr())
+	api, err := httpapi.New(httpapi.Config{Conn: conn, ReadOnly: readOnly, Logger: n.log})
+	if err != nil {
+		return err
+	}
+	mux.Handle(httpapi.Prefix, api)
+	dash, err := dashboard.New(dashboard.Config{ReadOnly: readOnly})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/", dash)
+	return nil
+}
+
+// loopbackTarget is where to dial a listener from the same host: its own
+// address, with an unspecified host (0.0.0.0, ::) replaced by loopback.
+func loopbackTarget(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	ip := ta.IP
+	if ip == nil || ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+		if ta.IP != nil && ta.IP.To4() == nil {
+			ip = net.IPv6loopback
+		}
+	}
+	return net.JoinHostPort(ip.String(), fmt.Sprint(ta.Port))
+}
+
+// isLoopback reports whether a listener accepts connections from this
+// host only.
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP != nil && ta.IP.IsLoopback()
+}
