@@ -192,6 +192,7 @@ type Node struct {
 	stopEl  context.CancelFunc
 	elDone  chan struct{}
 	mhttp   *http.Server
+	self    *selfListener // the HTTP API's way in when the API serves TLS, or nil
 	mlis    net.Listener
 
 	wg        sync.WaitGroup
@@ -364,7 +365,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	var transport []grpc.ServerOption
 	if serverTLS != nil {
-		transport = append(transport, grpc.Creds(credentials.NewTLS(serverTLS)))
+		n.self = newSelfListener() // the HTTP API's calls: self.go
+		transport = append(transport, grpc.Creds(selfCreds{credentials.NewTLS(serverTLS)}))
 	}
 	n.grpc = grpc.NewServer(append(append(transport,
 		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
@@ -385,6 +387,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.serveErr <- fmt.Errorf("API server: %w", err)
 		}
 	}()
+	if n.self != nil {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.grpc.Serve(n.self); err != nil {
+				n.serveErr <- fmt.Errorf("API server, in-memory listener: %w", err)
+			}
+		}()
+	}
 
 	if cfg.MetricsListen != "off" {
 		if n.mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {

@@ -132,6 +132,19 @@ func TestTLSListeners(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "registry_") {
 		t.Fatalf("metrics over HTTPS: %s\n%.300s", resp.Status, body)
 	}
+	// The JSON API and the dashboard on the same port: the API's calls
+	// reach the gRPC API in memory, past its TLS.
+	for _, path := range []string{"/api/v1/status", "/"} {
+		resp, err := hc.Get("https://" + n.MetricsAddr() + path)
+		if err != nil {
+			t.Fatalf("GET %s over HTTPS: %v", path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s over HTTPS: %s\n%.300s", path, resp.Status, body)
+		}
+	}
 	if resp, err := http.Get("http://" + n.MetricsAddr() + "/metrics"); err == nil {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest {
@@ -203,7 +216,20 @@ func TestClientCertAuth(t *testing.T) {
 	if err := statusErr(sdk(t, n.Addr(), tlstest.ClientConfig(t, ca, &alice))); err != nil {
 		t.Fatalf("client with a certificate of the trusted CA: %v", err)
 	}
-	// The metrics port asks for one too.
+	// The HTTP port asks for one too, and with one its JSON API reaches
+	// the gRPC API (which the regnode calls in memory: it holds no client
+	// certificate of the trusted CA).
+	hcAlice := &http.Client{Transport: &http.Transport{TLSClientConfig: tlstest.ClientConfig(t, ca, &alice)}}
+	defer hcAlice.CloseIdleConnections()
+	resp, err := hcAlice.Get("https://" + n.MetricsAddr() + "/api/v1/status")
+	if err != nil {
+		t.Fatalf("JSON API with a client certificate: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("JSON API with a client certificate: %s\n%.300s", resp.Status, body)
+	}
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlstest.ClientConfig(t, ca, nil)}}
 	defer hc.CloseIdleConnections()
 	if resp, err := hc.Get("https://" + n.MetricsAddr() + "/metrics"); err == nil {
