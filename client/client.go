@@ -7,6 +7,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
@@ -39,7 +41,13 @@ type Config struct {
 	Endpoints []string
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
-	// DialOptions are added to the defaults (insecure transport, round
+	// TLS, if set, is the transport security of the connections to the
+	// regnodes (its RootCAs the CA of their certificates, its
+	// Certificates or GetClientCertificate the client certificate when
+	// they ask for one); each endpoint's host is the name checked unless
+	// TLS.ServerName says otherwise. Nil: plaintext.
+	TLS *tls.Config
+	// DialOptions are added to the defaults (transport per TLS, round
 	// robin over Endpoints that steers a resuming subscription off a
 	// stalled regnode, keepalive pings) and win over them.
 	DialOptions []grpc.DialOption
@@ -125,14 +133,24 @@ func New(cfg Config) (*Client, error) {
 		if err := record.ValidAddress(ep); err != nil {
 			return nil, fmt.Errorf("endpoint %q is not host:port: %w", ep, err)
 		}
-		addrs = append(addrs, resolver.Address{Addr: ep})
+		a := resolver.Address{Addr: ep}
+		if cfg.TLS != nil {
+			// The name checked against the certificate is the endpoint's
+			// host, not the "regnodes" of the channel's target.
+			a.ServerName = ep
+		}
+		addrs = append(addrs, a)
+	}
+	creds := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		creds = credentials.NewTLS(cfg.TLS.Clone())
 	}
 	// A resolver of our own fixed list: grpc-go has none built in for
 	// several static addresses, and manual.Resolver is its supported one.
 	r := manual.NewBuilderWithScheme(fmt.Sprintf("regnodes-%d", schemeSeq.Add(1)))
 	r.InitialState(resolver.State{Addresses: addrs})
 	opts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"` + regnodePolicy + `":{}}]}`),
 		grpc.WithKeepaliveParams(clientKeepalive),

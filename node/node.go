@@ -6,6 +6,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -30,6 +32,7 @@ import (
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/peerlimit"
+	"github.com/regcluster/registry/internal/tlsfiles"
 	"github.com/regcluster/registry/internal/zapslog"
 	"github.com/regcluster/registry/probe"
 	"github.com/regcluster/registry/prober"
@@ -90,6 +93,30 @@ type Config struct {
 	// registration's secret: "loopback" (default: callers on this host)
 	// or "none".
 	OperatorDeregister string
+
+	// TLS serves the API and the HTTP port (metrics) over TLS, with etcd's
+	// flags and meanings (--cert-file, --key-file, --trusted-ca-file,
+	// --client-cert-auth); the files are re-read when they change (see
+	// package tlsfiles), connections already made are kept.
+	TLS tlsfiles.Server
+	// Insecure lets a listener on a non-loopback address serve without
+	// TLS; without it such a regnode refuses to start.
+	Insecure bool
+	// EtcdTLS is this regnode's TLS as a client of etcd (--etcd-cacert,
+	// --etcd-cert, --etcd-key): of the external cluster, or of its own
+	// embedded member when that serves https.
+	EtcdTLS tlsfiles.Client
+	// EtcdUsername and EtcdPassword authenticate this regnode to an etcd
+	// with auth enabled (--etcd-username; the password from
+	// --etcd-password-file or REGNODE_ETCD_PASSWORD, never a flag).
+	EtcdUsername, EtcdPassword string
+	// EmbedAuth turns etcd's auth on at the embedded member
+	// (--etcd-server-auth), so its client port refuses clients without
+	// credentials. The regnode's credential is EtcdUsername and
+	// EtcdPassword if set (give every regnode of a cluster the same),
+	// else user root with a password generated on the first start and
+	// kept in the data dir (RootPasswordFile, mode 0600).
+	EmbedAuth bool
 }
 
 // Keepalive on the API. A subscriber whose machine vanished (or whose
@@ -164,7 +191,7 @@ func (c *Config) Validate() error {
 	if s := c.Embed.ClusterState; s != "" && s != "new" && s != "existing" {
 		return fmt.Errorf("--initial-cluster-state %q must be new or existing", s)
 	}
-	return nil
+	return c.validateSecurity()
 }
 
 // Node is a running regnode.
@@ -184,6 +211,7 @@ type Node struct {
 	stopEl  context.CancelFunc
 	elDone  chan struct{}
 	mhttp   *http.Server
+	self    *selfListener // the HTTP API's way in when the API serves TLS, or nil
 	mlis    net.Listener
 
 	wg        sync.WaitGroup
@@ -240,6 +268,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		cfg.Embed.DataDir = n.dataDir
 	}
+	// Certificates that do not load are refused before etcd starts.
+	var serverTLS *tls.Config
+	if cfg.TLS.Enabled() {
+		if serverTLS, err = tlsfiles.ServerConfig(cfg.TLS, n.log); err != nil {
+			return nil, fmt.Errorf("API TLS: %w", err)
+		}
+	}
 	if err := portFree("API", cfg.Listen); err != nil {
 		return nil, err
 	}
@@ -256,9 +291,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		if n.etcd, err = embedded.Start(ctx, cfg.Embed); err != nil {
 			return nil, err
 		}
-		for _, u := range n.etcd.Clients {
-			endpoints = append(endpoints, "http://"+u.Addr().String())
-		}
+		endpoints = memberEndpoints(n.etcd, cfg.Embed.ClientTLS.Enabled())
 		if cfg.Name == "" {
 			cfg.Name = n.etcd.Config().Name
 		}
@@ -280,7 +313,24 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		cfg.Name = host + "/" + cfg.Listen
 	}
 	n.cfg = cfg
-	if n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second,
+	etcdTLS, err := n.etcdClientTLS(ctx, endpoints)
+	if err != nil {
+		return nil, err
+	}
+	if n.etcd != nil && cfg.EmbedAuth {
+		if cfg.EtcdUsername, cfg.EtcdPassword, err = n.embeddedAuth(ctx, endpoints, etcdTLS); err != nil {
+			return nil, err
+		}
+	}
+	dialTimeout := 5 * time.Second
+	if cfg.EtcdUsername != "" {
+		// New also authenticates: a bcrypt on etcd's side, which takes
+		// seconds on a loaded machine; a wrong password should say so,
+		// not time out.
+		dialTimeout = 15 * time.Second
+	}
+	if n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: dialTimeout,
+		TLS: etcdTLS, Username: cfg.EtcdUsername, Password: cfg.EtcdPassword,
 		Logger: zapslog.New(n.log, "warn", nil), Context: context.Background()}); err != nil {
 		return nil, fmt.Errorf("etcd client of %v: %w", endpoints, err)
 	}
@@ -343,12 +393,17 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
 	}
-	n.grpc = grpc.NewServer(append([]grpc.ServerOption{
+	var transport []grpc.ServerOption
+	if serverTLS != nil {
+		n.self = newSelfListener() // the HTTP API's calls: self.go
+		transport = append(transport, grpc.Creds(selfCreds{credentials.NewTLS(serverTLS)}))
+	}
+	n.grpc = grpc.NewServer(append(append(transport,
 		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
 		grpc.KeepaliveParams(keepaliveServer),
 		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor(), n.noSpaceLog()),
 		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
-	}, server.DecodeOptions()...)...)
+	), server.DecodeOptions()...)...)
 	registryv1.RegisterRegistryServer(n.grpc, api)
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
@@ -362,6 +417,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.serveErr <- fmt.Errorf("API server: %w", err)
 		}
 	}()
+	if n.self != nil {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.grpc.Serve(n.self); err != nil {
+				n.serveErr <- fmt.Errorf("API server, in-memory listener: %w", err)
+			}
+		}()
+	}
 
 	if cfg.MetricsListen != "off" {
 		if n.mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
@@ -372,11 +436,19 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		if err := n.mountWeb(mux); err != nil { // the JSON API and the dashboard: web.go
 			return nil, err
 		}
-		n.mhttp = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		n.mhttp = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: serverTLS,
+			// Failed handshakes are the clients' doing (a scanner, a
+			// plaintext scrape): debug, not stderr.
+			ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)}
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			if err := n.mhttp.Serve(n.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := n.mhttp.Serve
+			if serverTLS != nil {
+				// The certificate comes from TLSConfig (reloaded), not files.
+				serve = func(l net.Listener) error { return n.mhttp.ServeTLS(l, "", "") }
+			}
+			if err := serve(n.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				n.serveErr <- fmt.Errorf("metrics server: %w", err)
 			}
 		}()
@@ -386,6 +458,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		mode = "external etcd " + strings.Join(endpoints, ",")
 	}
 	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "metrics", n.MetricsAddr(),
+		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "",
 		"etcd", mode, "prefix", cfg.Prefix)
 	return n, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/tlsfiles"
 	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -42,7 +43,7 @@ func TestThreeEmbeddedMembers(t *testing.T) {
 	var nodes []*node.Node
 	for attempt := 0; nodes == nil; attempt++ {
 		var err error
-		nodes, err = startCluster(t, names)
+		nodes, err = startCluster(t, names, nil)
 		if err != nil && (!etcdtest.AddrInUse(err) || attempt == 4) {
 			t.Fatal(err)
 		}
@@ -152,12 +153,19 @@ func TestConfigValidate(t *testing.T) {
 
 // startCluster starts one regnode per name, each embedding one member of
 // the same etcd cluster, together (members wait for each other).
-func startCluster(t *testing.T, names []string) ([]*node.Node, error) {
+// startCluster runs one regnode per name, embedding the members of one
+// cluster; peerTLS, if not nil, gives each member's peer TLS (https peer
+// URLs).
+func startCluster(t *testing.T, names []string, peerTLS func(name string) tlsfiles.Server) ([]*node.Node, error) {
 	peers := map[string]string{}
 	clients := map[string]string{}
 	var initial []string
+	scheme := "http"
+	if peerTLS != nil {
+		scheme = "https"
+	}
 	for _, n := range names {
-		peers[n] = fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
+		peers[n] = fmt.Sprintf("%s://127.0.0.1:%d", scheme, etcdtest.FreePort(t))
 		clients[n] = fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))
 		initial = append(initial, n+"="+peers[n])
 	}
@@ -167,6 +175,10 @@ func startCluster(t *testing.T, names []string) ([]*node.Node, error) {
 	var wg sync.WaitGroup
 	for i, n := range names {
 		wg.Add(1)
+		var pt tlsfiles.Server
+		if peerTLS != nil {
+			pt = peerTLS(n)
+		}
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -175,7 +187,7 @@ func startCluster(t *testing.T, names []string) ([]*node.Node, error) {
 				Listen: "127.0.0.1:0", MetricsListen: "off", Name: n, Logger: quiet, ShutdownGrace: 200 * time.Millisecond,
 				Embed: embedded.Config{Name: n, Dir: t.TempDir(), ListenClientURLs: []string{clients[n]},
 					ListenPeerURLs: []string{peers[n]}, InitialCluster: strings.Join(initial, ","), UnsafeNoFsync: true,
-					ReadyTimeout: 20 * time.Second},
+					ReadyTimeout: 20 * time.Second, PeerTLS: pt},
 			})
 		}()
 	}

@@ -25,7 +25,12 @@ import (
 // could drain instances. Elsewhere the API and the dashboard are read-only.
 func (n *Node) mountWeb(mux *http.ServeMux) error {
 	target := loopbackTarget(n.lis.Addr())
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if n.self != nil { // the API serves TLS: call it in memory (self.go)
+		target = "passthrough:///regnode-self"
+		opts = append(opts, grpc.WithContextDialer(n.self.dial))
+	}
+	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		return fmt.Errorf("connect the HTTP API to the gRPC API at %s: %w", target, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,11 +14,19 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/tlsfiles"
 )
 
 // envEndpoints is the environment variable read when --endpoints is not
 // given.
 const envEndpoints = "REGCTL_ENDPOINTS"
+
+// The variables read when --cacert, --cert or --key is not given.
+const (
+	envCACert = "REGCTL_CACERT"
+	envCert   = "REGCTL_CERT"
+	envKey    = "REGCTL_KEY"
+)
 
 // defaultTimeout bounds every call to a regnode unless --timeout says
 // otherwise.
@@ -31,6 +40,7 @@ type options struct {
 	endpointsFrom string   // where endpoints came from, for hints: "--endpoints", "$REGCTL_ENDPOINTS" or "default"
 	timeout       time.Duration
 	output        string
+	tls           tlsfiles.Client // --cacert, --cert, --key (etcdctl's names)
 
 	stdout, stderr io.Writer
 	getenv         func(string) string
@@ -81,6 +91,8 @@ It lists services and instances, registers an instance from the shell,
 drains, undrains and deregisters instances, follows their changes, and
 shows cluster status.
 Endpoints come from --endpoints, else $REGCTL_ENDPOINTS, else 127.0.0.1:7400.
+--cacert, --cert and --key (else $REGCTL_CACERT, $REGCTL_CERT, $REGCTL_KEY)
+talk TLS to regnodes serving it, as etcdctl's do to etcd.
 
 Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		SilenceUsage:  true,
@@ -119,6 +131,9 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 	pf.StringVar(&o.endpointsFlag, "endpoints", "", "regnode API addresses, host:port,... (default $"+envEndpoints+" or "+client.DefaultEndpoint+")")
 	pf.DurationVar(&o.timeout, "timeout", defaultTimeout, "how long to wait for a regnode's answer")
 	pf.StringVarP(&o.output, "output", "o", outTable, "output format: table, wide or json")
+	pf.StringVar(&o.tls.CAFile, "cacert", "", "talk TLS, trusting this CA's certificates (PEM; default $"+envCACert+")")
+	pf.StringVar(&o.tls.CertFile, "cert", "", "client certificate for a regnode that asks for one (PEM; default $"+envCert+")")
+	pf.StringVar(&o.tls.KeyFile, "key", "", "private key of --cert (PEM; default $"+envKey+")")
 
 	root.AddCommand(
 		newServicesCmd(o),
@@ -184,7 +199,36 @@ func (o *options) connect(logger *slog.Logger) (*client.Client, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return client.New(client.Config{Endpoints: eps, Logger: logger})
+	tlsCfg, err := o.transport(logger)
+	if err != nil {
+		return nil, err
+	}
+	return client.New(client.Config{Endpoints: eps, Logger: logger, TLS: tlsCfg})
+}
+
+// transport is the TLS configuration of --cacert, --cert and --key (each
+// else from its variable), or nil for plaintext when none is set.
+func (o *options) transport(logger *slog.Logger) (*tls.Config, error) {
+	files := o.tls
+	for _, v := range []struct {
+		dst *string
+		env string
+	}{{&files.CAFile, envCACert}, {&files.CertFile, envCert}, {&files.KeyFile, envKey}} {
+		if *v.dst == "" && o.getenv != nil {
+			*v.dst = o.getenv(v.env)
+		}
+	}
+	if !files.Enabled() {
+		return nil, nil
+	}
+	if err := files.Validate("--cert", "--key"); err != nil {
+		return nil, &usageError{msg: err.Error()}
+	}
+	cfg, err := files.Config(logger)
+	if err != nil {
+		return nil, fmt.Errorf("TLS: %w", err)
+	}
+	return cfg, nil
 }
 
 // callCtx bounds one call to a regnode by --timeout.

@@ -5,6 +5,9 @@
 // '-' as '_'). SIGINT or SIGTERM stops it cleanly with exit status 0, at any
 // stage of start-up too; a second signal while it stops ends it at once.
 // A data dir another regnode holds is refused at once (exit 1, naming it).
+// --cert-file and --key-file serve the API and the metrics port over TLS
+// (etcd's flags and meanings); a listener on a non-loopback address without
+// TLS is refused (exit 2) unless --insecure says so.
 package main
 
 import (
@@ -38,6 +41,7 @@ func run(args []string) int {
 		advertiseClient []string
 		listenPeer      []string
 		advertisePeer   []string
+		passwordFile    string
 	)
 	cmd := &cobra.Command{
 		Use:   "regnode",
@@ -68,6 +72,9 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 				cfg.Embed.LogLevel = "info"
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			if cfg.EtcdPassword, err = etcdPassword(passwordFile); err != nil {
+				return usageError{err}
+			}
 			if err := cfg.Validate(); err != nil {
 				return usageError{err}
 			}
@@ -110,6 +117,31 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.IntVar(&cfg.Limits.KeepAliveBurst, "keepalive-burst", cfg.Limits.KeepAliveBurst, "renewals a peer may make at once before --keepalive-rate applies")
 	f.IntVar(&cfg.Limits.MaxStreams, "max-streams-per-peer", cfg.Limits.MaxStreams, "concurrent Watch and KeepAlive streams per peer address")
 	f.StringVar(&cfg.OperatorDeregister, "operator-deregister", cfg.OperatorDeregister, "who may deregister without the registration's secret: loopback (callers on this host) or none")
+	// TLS of the API and the HTTP port: etcd's names and meanings.
+	f.StringVar(&cfg.TLS.CertFile, "cert-file", "", "serve the API and the metrics port over TLS with this certificate (PEM; re-read when it changes)")
+	f.StringVar(&cfg.TLS.KeyFile, "key-file", "", "private key of --cert-file (PEM)")
+	f.StringVar(&cfg.TLS.TrustedCAFile, "trusted-ca-file", "", "require client certificates of this CA (PEM), as etcd does")
+	f.BoolVar(&cfg.TLS.ClientCertAuth, "client-cert-auth", false, "require a client certificate of --trusted-ca-file")
+	f.BoolVar(&cfg.Insecure, "insecure", false, "allow listening on a non-loopback address without TLS")
+	// This regnode as a client of etcd (external, or its embedded member
+	// serving https): etcdctl's names behind "etcd-".
+	f.StringVar(&cfg.EtcdTLS.CAFile, "etcd-cacert", "", "CA of etcd's certificate (PEM)")
+	f.StringVar(&cfg.EtcdTLS.CertFile, "etcd-cert", "", "client certificate presented to etcd (PEM)")
+	f.StringVar(&cfg.EtcdTLS.KeyFile, "etcd-key", "", "private key of --etcd-cert (PEM)")
+	f.StringVar(&cfg.EtcdUsername, "etcd-username", "", "etcd user; the password comes from --etcd-password-file or $"+envEtcdPassword)
+	f.StringVar(&passwordFile, "etcd-password-file", "", "file holding the etcd user's password (one line)")
+	// The embedded member's client port. etcd calls these --cert-file...,
+	// names the registry API has taken: "etcd-server-" says whose they are.
+	f.StringVar(&cfg.Embed.ClientTLS.CertFile, "etcd-server-cert-file", "", "embedded etcd: certificate of its client port (https --listen-client-urls)")
+	f.StringVar(&cfg.Embed.ClientTLS.KeyFile, "etcd-server-key-file", "", "embedded etcd: private key of --etcd-server-cert-file")
+	f.StringVar(&cfg.Embed.ClientTLS.TrustedCAFile, "etcd-server-trusted-ca-file", "", "embedded etcd: require client certificates of this CA on its client port")
+	f.BoolVar(&cfg.Embed.ClientTLS.ClientCertAuth, "etcd-server-client-cert-auth", false, "embedded etcd: require a client certificate of --etcd-server-trusted-ca-file")
+	f.BoolVar(&cfg.EmbedAuth, "etcd-server-auth", false, "embedded etcd: turn etcd's auth on, so its client port refuses clients without credentials (root password generated into the data dir, or --etcd-username/--etcd-password-file)")
+	// Between embedded members: etcd's own names.
+	f.StringVar(&cfg.Embed.PeerTLS.CertFile, "peer-cert-file", "", "embedded etcd: peer certificate (https --listen-peer-urls), also presented to peers")
+	f.StringVar(&cfg.Embed.PeerTLS.KeyFile, "peer-key-file", "", "embedded etcd: private key of --peer-cert-file")
+	f.StringVar(&cfg.Embed.PeerTLS.TrustedCAFile, "peer-trusted-ca-file", "", "embedded etcd: require peer certificates of this CA")
+	f.BoolVar(&cfg.Embed.PeerTLS.ClientCertAuth, "peer-client-cert-auth", false, "embedded etcd: require a peer certificate of --peer-trusted-ca-file")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cmd.SetArgs(args)
 
@@ -182,6 +214,27 @@ func fromEnv(fs *pflag.FlagSet) error {
 		}
 	})
 	return err
+}
+
+// envEtcdPassword holds the etcd password when no file does: there is no
+// flag, so it never shows in ps.
+const envEtcdPassword = "REGNODE_ETCD_PASSWORD"
+
+// etcdPassword reads the password from file, else $REGNODE_ETCD_PASSWORD.
+// Only the line ending is trimmed from the file.
+func etcdPassword(file string) (string, error) {
+	env, inEnv := os.LookupEnv(envEtcdPassword)
+	if file == "" {
+		return env, nil
+	}
+	if inEnv {
+		return "", fmt.Errorf("the etcd password is given twice: --etcd-password-file and $%s (keep one)", envEtcdPassword)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--etcd-password-file: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -12,8 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 
+	"github.com/regcluster/registry/internal/tlsfiles"
 	"github.com/regcluster/registry/internal/zapslog"
 )
 
@@ -56,6 +58,17 @@ type Config struct {
 	// etcd's default of 2 GiB). Past it etcd raises the NOSPACE alarm and
 	// refuses writes that add data, while reads and deletes go on.
 	QuotaBackendBytes int64
+	// ClientTLS is the TLS of the member's client port, needed by https
+	// ListenClientURLs (regnode's --etcd-server-cert-file...; etcd's own
+	// --cert-file... names are the registry API's). etcd re-reads the
+	// files on every handshake, so a replaced certificate is served
+	// without a restart.
+	ClientTLS tlsfiles.Server
+	// PeerTLS is the TLS between members, needed by https ListenPeerURLs
+	// (etcd's --peer-cert-file, --peer-key-file, --peer-trusted-ca-file,
+	// --peer-client-cert-auth). The certificate is also the one a member
+	// presents when it dials its peers.
+	PeerTLS tlsfiles.Server
 }
 
 // Member is a running embedded etcd member.
@@ -131,6 +144,48 @@ func parseURLs(field string, ss []string) ([]url.URL, error) {
 	return out, nil
 }
 
+// ValidateTLS reports URLs and TLS settings that do not fit together: an
+// https URL without a certificate, a certificate no URL serves, a client
+// certificate demanded with no CA to check it against. Unset URLs count
+// as their http defaults. Start checks it too.
+func (c Config) ValidateTLS() error {
+	c.defaults()
+	client, err := parseURLs("listen-client-urls", c.ListenClientURLs)
+	if err != nil {
+		return err
+	}
+	peer, err := parseURLs("listen-peer-urls", c.ListenPeerURLs)
+	if err != nil {
+		return err
+	}
+	if err := schemesMatch("listen-client-urls", "etcd-server-", client, c.ClientTLS); err != nil {
+		return err
+	}
+	return schemesMatch("listen-peer-urls", "peer-", peer, c.PeerTLS)
+}
+
+// schemesMatch refuses https URLs without a certificate, and a
+// certificate no URL would serve (TLS asked for and silently not used).
+func schemesMatch(field, flag string, urls []url.URL, t tlsfiles.Server) error {
+	if err := t.Validate(flag); err != nil {
+		return err
+	}
+	for _, u := range urls {
+		switch {
+		case u.Scheme == "https" && !t.Enabled():
+			return fmt.Errorf("--%s %s is https: it needs --%scert-file and --%skey-file", field, u.String(), flag, flag)
+		case u.Scheme == "http" && t.Enabled():
+			return fmt.Errorf("--%s %s is plain http, but --%scert-file is set: use https://", field, u.String(), flag)
+		}
+	}
+	return nil
+}
+
+func tlsInfo(t tlsfiles.Server) transport.TLSInfo {
+	return transport.TLSInfo{CertFile: t.CertFile, KeyFile: t.KeyFile, TrustedCAFile: t.TrustedCAFile,
+		ClientCertAuth: t.ClientCertAuth}
+}
+
 // Start starts the member and waits until it serves clients, ctx is done,
 // or ReadyTimeout passes. The caller closes the returned member.
 //
@@ -166,6 +221,16 @@ func Start(ctx context.Context, c Config) (_ *Member, err error) {
 	if cfg.AdvertisePeerUrls, err = parseURLs("initial-advertise-peer-urls", c.AdvertisePeerURLs); err != nil {
 		return nil, err
 	}
+	// Checked here, with regnode's flag names, before etcd checks it with
+	// its own (which, for the client port, are the API's in regnode).
+	if err := schemesMatch("listen-client-urls", "etcd-server-", cfg.ListenClientUrls, c.ClientTLS); err != nil {
+		return nil, err
+	}
+	if err := schemesMatch("listen-peer-urls", "peer-", cfg.ListenPeerUrls, c.PeerTLS); err != nil {
+		return nil, err
+	}
+	cfg.ClientTLSInfo = tlsInfo(c.ClientTLS)
+	cfg.PeerTLSInfo = tlsInfo(c.PeerTLS)
 	cfg.InitialCluster = c.InitialCluster
 	cfg.ClusterState = c.ClusterState
 	cfg.InitialClusterToken = c.Token
