@@ -49,6 +49,12 @@ type set struct {
 	// over a golden-ratio sequence of points of the cumulative weights.
 	cursor atomic.Uint64
 	seq    []int32
+
+	// P2C: Vose's alias table over the weights, so a weighted draw is
+	// O(1): column i is kept if the draw's second part is below prob[i]
+	// (out of the total weight), else it gives alias[i].
+	prob  []uint64
+	alias []int32
 }
 
 // Bounds of a precomputed smooth WRR order: its length (the sum of the
@@ -68,8 +74,55 @@ func newSet(cands []cand, wrr bool) *set {
 	}
 	if wrr {
 		s.seq = smoothWRR(cands)
+	} else {
+		s.prob, s.alias = aliasTable(cands, t)
 	}
 	return s
+}
+
+// aliasTable is Vose's alias method in integers: each of the n columns
+// holds total/n of weight, its own candidate's share (prob, out of total)
+// and the rest given to one candidate with more than total/n (alias).
+// Column i is then drawn with probability 1/n, and candidate j comes out
+// with probability exactly w_j/total.
+func aliasTable(cands []cand, total uint64) ([]uint64, []int32) {
+	n := len(cands)
+	prob, alias := make([]uint64, n), make([]int32, n)
+	scaled := make([]uint64, n) // w × n, against total
+	var small, large []int32
+	for i, c := range cands {
+		scaled[i] = c.w * uint64(n)
+		if scaled[i] < total {
+			small = append(small, int32(i))
+		} else {
+			large = append(large, int32(i))
+		}
+	}
+	for len(small) > 0 && len(large) > 0 {
+		s, l := small[len(small)-1], large[len(large)-1]
+		small, large = small[:len(small)-1], large[:len(large)-1]
+		prob[s], alias[s] = scaled[s], l
+		scaled[l] -= total - scaled[s]
+		if scaled[l] < total {
+			small = append(small, l)
+		} else {
+			large = append(large, l)
+		}
+	}
+	for _, i := range append(small, large...) { // what is left fills its column
+		prob[i], alias[i] = total, i
+	}
+	return prob, alias
+}
+
+// draw is one weighted draw through the alias table, from one random
+// 64-bit value: its high part chooses the column, the rest the side.
+func (s *set) draw(total uint64) int {
+	col, rest := bits.Mul64(rand.Uint64(), uint64(len(s.prob)))
+	if u, _ := bits.Mul64(rest, total); u < s.prob[col] {
+		return int(col)
+	}
+	return int(s.alias[col])
 }
 
 // smoothWRR is nginx's smooth weighted round robin run over one cycle
@@ -222,9 +275,25 @@ func (s *set) p2c(c *call) *cand {
 		return &cands[0]
 	}
 	total := cum[n-1]
-	ia := drawIndex(cum, rand.Uint64N(total))
-	a := &cands[ia]
-	b := &cands[drawOther(cum, ia, rand.Uint64N(total-a.w))]
+	var ia, ib int
+	if s.prob != nil && len(cands) == len(s.cands) { // nothing tried: O(1) draws
+		ia, ib = s.draw(total), -1
+		// The second among the others: redraw a few times (exact: the
+		// draws that hit ia are thrown away), then, if one candidate
+		// holds most of the weight, through the cumulative weights.
+		for range 4 {
+			if ib = s.draw(total); ib != ia {
+				break
+			}
+		}
+		if ib == ia {
+			ib = drawOther(cum, ia, rand.Uint64N(total-cands[ia].w))
+		}
+	} else {
+		ia = drawIndex(cum, rand.Uint64N(total))
+		ib = drawOther(cum, ia, rand.Uint64N(total-cands[ia].w))
+	}
+	a, b := &cands[ia], &cands[ib]
 	// b.inflight/b.w < a.inflight/a.w without division.
 	if uint64(b.ep.inflight.Load())*a.w < uint64(a.ep.inflight.Load())*b.w {
 		return b
@@ -315,11 +384,13 @@ func (p *picker) use(x *cand, info balancer.PickInfo, c *call, probe bool) (bala
 		res.Done = x.done // the common case: nothing to allocate
 		return res, nil
 	}
-	at := c.record(ep.key, x.id)
+	if c != nil {
+		res.Done = c.record(x, p.sh, probe, next)
+		return res, nil
+	}
 	sh := p.sh
 	res.Done = func(di balancer.DoneInfo) {
 		ep.inflight.Add(-1)
-		c.finish(at, di)
 		ep.owner.done(ep, sh, di, probe)
 		if next != nil {
 			next(di)

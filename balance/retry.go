@@ -20,8 +20,8 @@ func UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 		if callFrom(ctx) != nil { // already inside one of ours
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
-		c := &call{}
-		ctx = context.WithValue(ctx, callKey{}, c)
+		c := newCall(ctx)
+		ctx = c
 		for n := 0; ; n++ {
 			before := c.count()
 			err := invoker(ctx, method, req, reply, cc, opts...)
@@ -44,8 +44,8 @@ func StreamClientInterceptor() grpc.StreamClientInterceptor {
 		if callFrom(ctx) != nil {
 			return streamer(ctx, desc, cc, method, opts...)
 		}
-		c := &call{}
-		ctx = context.WithValue(ctx, callKey{}, c)
+		c := newCall(ctx)
+		ctx = c
 		for n := 0; ; n++ {
 			before := c.count()
 			cs, err := streamer(ctx, desc, cc, method, opts...)
