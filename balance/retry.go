@@ -61,7 +61,7 @@ func StreamClientInterceptor() grpc.StreamClientInterceptor {
 
 func (c *call) deposit() {
 	if sh := c.shared(); sh != nil {
-		sh.budget.call(time.Now())
+		sh.budget.call()
 	}
 }
 
@@ -92,7 +92,7 @@ func (c *call) retry(ctx context.Context, method string, err error, n, before in
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= wait {
 		return false // the caller's deadline bounds every attempt
 	}
-	if !sh.budget.tryRetry(time.Now()) {
+	if !sh.budget.tryRetry() {
 		sh.metrics.budgetExhausted.Add(1)
 		return false
 	}
