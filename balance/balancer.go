@@ -328,7 +328,7 @@ func (b *lb) buildLocked(now time.Time) (*picker, connectivity.State, time.Time,
 		pct, next := RampPercent(start, now, p.SlowStartWindow)
 		soonest(next)
 		w := max(uint64(in.Weight)*pct/100, 1)
-		c := cand{ep: ep, pk: k.state.Picker, w: w, id: in.ID, zone: in.Zone, picks: ep.picks}
+		c := cand{ep: ep, pk: k.state.Picker, w: w, id: in.ID, zone: in.Zone, picks: ep.picks, done: doneFunc(ep, b.sh)}
 		if halfOpen {
 			pk.halfOpen = append(pk.halfOpen, c)
 		} else {
@@ -336,9 +336,10 @@ func (b *lb) buildLocked(now time.Time) (*picker, connectivity.State, time.Time,
 		}
 	}
 	b.ejectMu.Unlock()
-	pk.all = newSet(cands)
+	wrr := p.Picker == PickerWRR
+	pk.all = newSet(cands, wrr)
 	if !panicking && b.svc != nil {
-		pk.local, pk.remote, pk.pLocal = zoneSplit(cands, b.svc.LocalZone, p.ZoneMinInstances)
+		pk.local, pk.remote, pk.pLocal = zoneSplit(cands, b.svc.LocalZone, p.ZoneMinInstances, wrr)
 	}
 	switch {
 	case len(cands) > 0 || len(pk.halfOpen) > 0:

@@ -105,57 +105,13 @@ func BenchmarkPick(b *testing.B) {
 		p := balance.DefaultPolicy()
 		wrr := p
 		wrr.Picker = balance.PickerWRR
-		tapped := func(p balance.Policy) string {
-			sc, err := balance.ServiceConfig(p)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return strings.Replace(sc, `"`+balance.Name+`"`, `"`+benchTapPrefix+balance.Name+`"`, 1)
-		}
 		for _, tc := range []struct{ name, sc string }{
-			{"registry_weighted_p2c", tapped(p)},
-			{"registry_weighted_wrr", tapped(wrr)},
+			{"registry_weighted_p2c", tapped(b, p)},
+			{"registry_weighted_wrr", tapped(b, wrr)},
 			{"round_robin", `{"loadBalancingConfig":[{"` + benchTapPrefix + roundrobin.Name + `":{}}]}`},
 		} {
 			b.Run(fmt.Sprintf("%s/N=%d", tc.name, n), func(b *testing.B) {
-				r := manual.NewBuilderWithScheme(fmt.Sprintf("bench%d", schemes.Add(1)))
-				r.InitialState(benchState(insts))
-				cc, err := grpc.NewClient(r.Scheme()+":///orders", grpc.WithResolvers(r),
-					grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(tc.sc))
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer cc.Close()
-				cc.Connect()
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				info := balancer.PickInfo{FullMethodName: "/grpc.health.v1.Health/Check", Ctx: ctx}
-				// Wait until the channel's picker reaches all n subconns.
-				var pk balancer.Picker
-				for pk == nil {
-					if ctx.Err() != nil {
-						b.Fatalf("the picker never reached all %d backends", n)
-					}
-					if t := benchTapOf(cc.Target()); t != nil {
-						if cand, ok := t.ready(); ok {
-							seen := map[balancer.SubConn]bool{}
-							for range 40 * n {
-								res, err := cand.Pick(info)
-								if err != nil {
-									break
-								}
-								seen[res.SubConn] = true
-								if res.Done != nil {
-									res.Done(balancer.DoneInfo{})
-								}
-							}
-							if len(seen) == n {
-								pk = cand
-							}
-						}
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
+				pk, info := tappedPicker(b, tc.sc, insts)
 				di := balancer.DoneInfo{BytesSent: true, BytesReceived: true}
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -171,6 +127,59 @@ func BenchmarkPick(b *testing.B) {
 			})
 		}
 	}
+}
+
+// tappedPicker is the picker a real channel over insts (all connected)
+// is given by the policy of sc, tapped (benchTapPrefix), once it spreads
+// picks over every instance; and the PickInfo of a call to pick with.
+func tappedPicker(tb testing.TB, sc string, insts []inst) (balancer.Picker, balancer.PickInfo) {
+	n := len(insts)
+	r := manual.NewBuilderWithScheme(fmt.Sprintf("bench%d", schemes.Add(1)))
+	r.InitialState(benchState(insts))
+	cc, err := grpc.NewClient(r.Scheme()+":///orders", grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(sc))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cc.Close() })
+	cc.Connect()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	tb.Cleanup(cancel)
+	info := balancer.PickInfo{FullMethodName: "/grpc.health.v1.Health/Check", Ctx: ctx}
+	// Wait until the channel's picker reaches all n subconns.
+	for {
+		if ctx.Err() != nil {
+			tb.Fatalf("the picker never reached all %d backends", n)
+		}
+		if t := benchTapOf(cc.Target()); t != nil {
+			if cand, ok := t.ready(); ok {
+				seen := map[balancer.SubConn]bool{}
+				for range 40 * n {
+					res, err := cand.Pick(info)
+					if err != nil {
+						break
+					}
+					seen[res.SubConn] = true
+					if res.Done != nil {
+						res.Done(balancer.DoneInfo{})
+					}
+				}
+				if len(seen) == n {
+					return cand, info
+				}
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// tapped is the service config of policy p through the tap.
+func tapped(tb testing.TB, p balance.Policy) string {
+	sc, err := balance.ServiceConfig(p)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return strings.Replace(sc, `"`+balance.Name+`"`, `"`+benchTapPrefix+balance.Name+`"`, 1)
 }
 
 // benchTap is a balancer policy wrapping a real one (benchTapPrefix + its

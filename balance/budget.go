@@ -15,6 +15,9 @@ type budget struct {
 	floor    int64 // retries always allowed per window: MinPerSecond × window
 	buckets  []bucket
 	interval time.Duration
+	// start is the origin of the slots: elapsed time on the monotonic
+	// clock is one clock read (time.Now is two), and every call reads it.
+	start time.Time
 }
 
 type bucket struct {
@@ -29,11 +32,14 @@ func newBudget(p Policy) *budget {
 		floor:    int64(p.RetryBudgetMinPerSecond) * int64(n),
 		buckets:  make([]bucket, n),
 		interval: time.Second,
+		start:    time.Now(),
 	}
 }
 
-func (b *budget) bucketLocked(now time.Time) *bucket {
-	slot := now.UnixNano() / int64(b.interval)
+// slot is the number of the interval now is in.
+func (b *budget) slot() int64 { return int64(time.Since(b.start) / b.interval) }
+
+func (b *budget) bucketLocked(slot int64) *bucket {
 	bk := &b.buckets[slot%int64(len(b.buckets))]
 	if bk.slot != slot {
 		*bk = bucket{slot: slot}
@@ -41,8 +47,7 @@ func (b *budget) bucketLocked(now time.Time) *bucket {
 	return bk
 }
 
-func (b *budget) sumsLocked(now time.Time) (calls, retries int64) {
-	slot := now.UnixNano() / int64(b.interval)
+func (b *budget) sumsLocked(slot int64) (calls, retries int64) {
 	for _, bk := range b.buckets {
 		if slot-bk.slot < int64(len(b.buckets)) {
 			calls += bk.calls
@@ -53,20 +58,22 @@ func (b *budget) sumsLocked(now time.Time) (calls, retries int64) {
 }
 
 // call counts one call (its first attempt).
-func (b *budget) call(now time.Time) {
+func (b *budget) call() {
+	slot := b.slot()
 	b.mu.Lock()
-	b.bucketLocked(now).calls++
+	b.bucketLocked(slot).calls++
 	b.mu.Unlock()
 }
 
 // tryRetry spends one retry if the budget allows it.
-func (b *budget) tryRetry(now time.Time) bool {
+func (b *budget) tryRetry() bool {
+	slot := b.slot()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	calls, retries := b.sumsLocked(now)
+	calls, retries := b.sumsLocked(slot)
 	if retries*100 >= calls*b.pct+b.floor*100 {
 		return false
 	}
-	b.bucketLocked(now).retries++
+	b.bucketLocked(slot).retries++
 	return true
 }

@@ -3,6 +3,7 @@ package balance
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/balancer"
 )
@@ -10,14 +11,21 @@ import (
 type callKey struct{}
 
 // call is one logical call across its attempts: the retry interceptor
-// puts it in the context, the picker reads the instances already tried
-// from it and records each attempt. All methods accept a nil *call (a
-// call made without the interceptor).
+// makes it the context of every attempt (it is a context.Context over
+// the caller's, answering Value(callKey{}) with itself: one allocation
+// for both), the picker reads the instances already tried from it and
+// records each attempt. All methods accept a nil *call (a call made
+// without the interceptor).
 type call struct {
+	context.Context
+
+	sh atomic.Pointer[shared] // the policy of the last picker that saw the call
+	n  atomic.Int32           // len(attempts), read without mu by the picker
+
 	mu       sync.Mutex
-	attempts []*attempt
+	attempts []attempt // in buf until a call makes more than len(buf) attempts
+	buf      [1]attempt
 	final    bool // the picker said a retry cannot help
-	sh       *shared
 }
 
 type attempt struct {
@@ -25,6 +33,26 @@ type attempt struct {
 	done    bool
 	sent    bool // any byte of the request reached the wire
 	err     error
+
+	// What the attempt's Done does besides recording it.
+	ep    *endpoint
+	sh    *shared
+	probe bool
+	next  func(balancer.DoneInfo) // the child's Done
+}
+
+func newCall(ctx context.Context) *call {
+	c := &call{Context: ctx}
+	c.attempts = c.buf[:0]
+	return c
+}
+
+// Value makes the call findable from the contexts of its attempts.
+func (c *call) Value(key any) any {
+	if _, ok := key.(callKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
 }
 
 func callFrom(ctx context.Context) *call {
@@ -36,61 +64,52 @@ func callFrom(ctx context.Context) *call {
 }
 
 func (c *call) bind(sh *shared) {
-	if c == nil {
-		return
+	if c != nil && c.sh.Load() != sh {
+		c.sh.Store(sh)
 	}
-	c.mu.Lock()
-	c.sh = sh
-	c.mu.Unlock()
 }
 
-func (c *call) shared() *shared {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.sh
-}
+func (c *call) shared() *shared { return c.sh.Load() }
 
-func (c *call) anyTried() bool {
-	if c == nil {
-		return false
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.attempts) > 0
-}
+func (c *call) anyTried() bool { return c != nil && c.n.Load() > 0 }
 
 func (c *call) tried(key string) bool {
-	if c == nil {
+	if c == nil || c.n.Load() == 0 {
 		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, a := range c.attempts {
-		if a.key == key {
+	for i := range c.attempts {
+		if c.attempts[i].key == key {
 			return true
 		}
 	}
 	return false
 }
 
-func (c *call) record(key, id string) *attempt {
-	if c == nil {
-		return nil
-	}
-	a := &attempt{key: key, id: id}
+// record adds an attempt on ep and returns its Done: it records the
+// attempt's end, then does what every pick's Done does (in-flight count,
+// outlier detection) and calls the child's Done.
+func (c *call) record(x *cand, sh *shared, probe bool, next func(balancer.DoneInfo)) func(balancer.DoneInfo) {
 	c.mu.Lock()
-	c.attempts = append(c.attempts, a)
+	i := len(c.attempts)
+	c.attempts = append(c.attempts, attempt{key: x.ep.key, id: x.id, ep: x.ep, sh: sh, probe: probe, next: next})
+	c.n.Store(int32(len(c.attempts)))
 	c.mu.Unlock()
-	return a
+	return func(di balancer.DoneInfo) { c.finish(i, di) }
 }
 
-func (c *call) finish(a *attempt, di balancer.DoneInfo) {
-	if c == nil || a == nil {
-		return
-	}
+func (c *call) finish(i int, di balancer.DoneInfo) {
 	c.mu.Lock()
+	a := &c.attempts[i]
 	a.done, a.sent, a.err = true, di.BytesSent, di.Err
+	ep, sh, probe, next := a.ep, a.sh, a.probe, a.next
 	c.mu.Unlock()
+	ep.inflight.Add(-1)
+	ep.owner.done(ep, sh, di, probe)
+	if next != nil {
+		next(di)
+	}
 }
 
 func (c *call) markFinal() {
@@ -99,9 +118,9 @@ func (c *call) markFinal() {
 	c.mu.Unlock()
 }
 
-// since returns the number of attempts and whether every attempt after
-// the first n certainly did not reach the application (none was picked,
-// or none sent a byte).
+// unprocessedSince tells whether every attempt after the first n
+// certainly did not reach the application (none was picked, or none sent
+// a byte).
 func (c *call) unprocessedSince(n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -113,11 +132,7 @@ func (c *call) unprocessedSince(n int) bool {
 	return true
 }
 
-func (c *call) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.attempts)
-}
+func (c *call) count() int { return int(c.n.Load()) }
 
 func (c *call) isFinal() bool {
 	c.mu.Lock()

@@ -22,9 +22,14 @@
 // score). A tie keeps the first, itself a weighted random draw, so an
 // idle channel splits by weight exactly in expectation, while under load
 // every pick compares two distinct instances and moves calls off one that
-// answers slowly. The pick takes no lock. Smooth
-// weighted round robin (PickerWRR, nginx's algorithm) is the option for
-// exact shares. The weight is the registry's, reduced while DEGRADED
+// answers slowly. Both draws are O(1) (an alias table). Smooth weighted
+// round robin (PickerWRR, nginx's algorithm) is the option for exact
+// shares: its order over one cycle is computed when the picker is built
+// and the picks take turns by an atomic cursor (a golden-ratio sequence
+// over the weights when the cycle is too long to keep). No pick takes a
+// lock, and the Done of a call that succeeds on an instance with no
+// recorded failure takes none, reads no clock and allocates nothing;
+// only failures and ejected instances take the outlier lock. The weight is the registry's, reduced while DEGRADED
 // (record.EffectiveWeight: a quarter). DRAINING instances are never
 // picked.
 //

@@ -18,9 +18,14 @@ type endpoint struct {
 	picks    *atomic.Int64
 	probing  atomic.Bool // a half-open call is in flight
 
+	// fails is the count of consecutive instance-level failures. It is
+	// written only under owner.ejectMu but read without it: a success on
+	// an endpoint whose count is 0 changes nothing, so Done returns at
+	// once, with no lock and no clock (the common case of every call).
+	fails atomic.Int32
+
 	// Guarded by owner.ejectMu.
 	inst        Instance
-	fails       int       // consecutive instance-level failures
 	ejected     bool      //
 	until       time.Time // end of the current ejection
 	ejections   int       // recent ejections: the next lasts this many times BaseEjection
@@ -70,8 +75,13 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 		}
 		return
 	}
+	if o == success && !probe && ep.fails.Load() == 0 {
+		// What the locked path would do is set fails to 0 (or nothing,
+		// for an ejected endpoint, whose count is 0 since its ejection):
+		// done already.
+		return
+	}
 	p := &sh.policy
-	now := time.Now()
 	var event func()
 	b.ejectMu.Lock()
 	id := ep.inst.ID // for the log, read under the lock
@@ -79,7 +89,9 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 	case probe && o == success:
 		ep.okInRow++
 		if ep.okInRow >= p.HalfOpenSuccesses {
-			ep.ejected, ep.fails, ep.okInRow = false, 0, 0
+			now := time.Now()
+			ep.ejected, ep.okInRow = false, 0
+			ep.fails.Store(0)
 			ep.returned, ep.recoveredAt = now, now
 			event = func() {
 				sh.metrics.returns.Add(1)
@@ -92,7 +104,7 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 		ep.okInRow = 0
 		ep.ejections++
 		d := ejectionTime(p, ep.ejections)
-		ep.until = now.Add(d)
+		ep.until = time.Now().Add(d)
 		ep.probing.Store(false)
 		code, msg := status.Code(di.Err), status.Convert(di.Err).Message()
 		event = func() {
@@ -103,14 +115,13 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 	case ep.ejected:
 		// A call picked before the picker changed, or in panic mode.
 	case o == success:
-		ep.fails = 0
+		ep.fails.Store(0)
 	default:
-		ep.fails++
-		if ep.fails < p.ConsecutiveFailures {
+		n := int(ep.fails.Add(1))
+		if n < p.ConsecutiveFailures {
 			break
 		}
-		n := ep.fails
-		ep.fails = 0
+		ep.fails.Store(0)
 		ejected := 0
 		for _, e := range b.eps {
 			if e.ejected {
@@ -127,6 +138,7 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 			}
 			break
 		}
+		now := time.Now() // the clock only for an ejection decision
 		if now.Sub(ep.returned) > p.MaxEjection {
 			ep.ejections = 0 // long healthy since its last return: start over
 		}

@@ -20,8 +20,8 @@ func UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 		if callFrom(ctx) != nil { // already inside one of ours
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
-		c := &call{}
-		ctx = context.WithValue(ctx, callKey{}, c)
+		c := newCall(ctx)
+		ctx = c
 		for n := 0; ; n++ {
 			before := c.count()
 			err := invoker(ctx, method, req, reply, cc, opts...)
@@ -44,8 +44,8 @@ func StreamClientInterceptor() grpc.StreamClientInterceptor {
 		if callFrom(ctx) != nil {
 			return streamer(ctx, desc, cc, method, opts...)
 		}
-		c := &call{}
-		ctx = context.WithValue(ctx, callKey{}, c)
+		c := newCall(ctx)
+		ctx = c
 		for n := 0; ; n++ {
 			before := c.count()
 			cs, err := streamer(ctx, desc, cc, method, opts...)
@@ -61,7 +61,7 @@ func StreamClientInterceptor() grpc.StreamClientInterceptor {
 
 func (c *call) deposit() {
 	if sh := c.shared(); sh != nil {
-		sh.budget.call(time.Now())
+		sh.budget.call()
 	}
 }
 
@@ -92,7 +92,7 @@ func (c *call) retry(ctx context.Context, method string, err error, n, before in
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= wait {
 		return false // the caller's deadline bounds every attempt
 	}
-	if !sh.budget.tryRetry(time.Now()) {
+	if !sh.budget.tryRetry() {
 		sh.metrics.budgetExhausted.Add(1)
 		return false
 	}

@@ -9,7 +9,7 @@ package balance
 // callers are). Below minInstances healthy instances, or with no local
 // instance or no other zone, there is no zone routing: too few instances
 // make the local share too coarse to trust (Envoy's min_cluster_size).
-func zoneSplit(cands []cand, zone string, minInstances int) (local, remote *set, pLocal float64) {
+func zoneSplit(cands []cand, zone string, minInstances int, wrr bool) (local, remote *set, pLocal float64) {
 	if zone == "" || len(cands) < minInstances {
 		return nil, nil, 0
 	}
@@ -31,5 +31,5 @@ func zoneSplit(cands []cand, zone string, minInstances int) (local, remote *set,
 	}
 	share := float64(wl) / float64(wt)
 	callers := 1 / float64(len(zones))
-	return newSet(loc), newSet(rem), min(1, share/callers)
+	return newSet(loc, wrr), newSet(rem, wrr), min(1, share/callers)
 }

@@ -1,0 +1,33 @@
+package balance
+
+import (
+	"testing"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// A success on an endpoint with no recorded failure does not take the
+// channel's outlier lock (held here: with the lock the call would never
+// return), and neither does a neutral end; after a failure, a success
+// takes it and clears the count.
+func TestDoneSuccessTakesNoLock(t *testing.T) {
+	b := &lb{eps: map[string]*endpoint{}}
+	ep := &endpoint{key: "a", owner: b}
+	sh := &shared{policy: DefaultPolicy(), metrics: NewMetrics()}
+	b.ejectMu.Lock()
+	b.done(ep, sh, balancer.DoneInfo{}, false)
+	b.done(ep, sh, balancer.DoneInfo{Err: status.Error(codes.NotFound, "an answer")}, false)
+	b.done(ep, sh, balancer.DoneInfo{Err: status.Error(codes.Canceled, "the caller left")}, false)
+	b.ejectMu.Unlock()
+
+	b.done(ep, sh, balancer.DoneInfo{Err: status.Error(codes.Unavailable, "down")}, false)
+	if n := ep.fails.Load(); n != 1 {
+		t.Fatalf("consecutive failures %d after one, want 1", n)
+	}
+	b.done(ep, sh, balancer.DoneInfo{}, false)
+	if n := ep.fails.Load(); n != 0 {
+		t.Fatalf("consecutive failures %d after a success, want 0", n)
+	}
+}
