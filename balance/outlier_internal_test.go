@@ -2,6 +2,7 @@ package balance
 
 import (
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
@@ -17,10 +18,21 @@ func TestDoneSuccessTakesNoLock(t *testing.T) {
 	ep := &endpoint{key: "a", owner: b}
 	sh := &shared{policy: DefaultPolicy(), metrics: NewMetrics()}
 	b.ejectMu.Lock()
-	b.done(ep, sh, balancer.DoneInfo{}, false)
-	b.done(ep, sh, balancer.DoneInfo{Err: status.Error(codes.NotFound, "an answer")}, false)
-	b.done(ep, sh, balancer.DoneInfo{Err: status.Error(codes.Canceled, "the caller left")}, false)
-	b.ejectMu.Unlock()
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		b.done(ep, sh, balancer.DoneInfo{}, false)
+		b.done(ep, sh, balancer.DoneInfo{Err: status.Error(codes.NotFound, "an answer")}, false)
+		b.done(ep, sh, balancer.DoneInfo{Err: status.Error(codes.Canceled, "the caller left")}, false)
+	}()
+	select {
+	case <-finished:
+		b.ejectMu.Unlock()
+	case <-time.After(time.Minute): // a guard: with the lock taken they never finish
+		b.ejectMu.Unlock()
+		<-finished
+		t.Fatal("Done of a success waited for the ejection lock")
+	}
 
 	b.done(ep, sh, balancer.DoneInfo{Err: status.Error(codes.Unavailable, "down")}, false)
 	if n := ep.fails.Load(); n != 1 {
