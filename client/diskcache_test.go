@@ -324,17 +324,30 @@ func TestDiskViewIgnoredWhenTooOldOrCorrupt(t *testing.T) {
 // Loading the file never delays subscribing (the nacos-sdk-go #519 bug):
 // with the file a FIFO whose writer says nothing, the loader is stuck in
 // its read, yet the live snapshot arrives and is what Instances shows;
-// when the loader then gets an older view, it does not replace the live
-// one.
+// when the loader then gets its view (of another history, at a higher
+// revision), it does not replace the live one.
 func TestLoadingDoesNotDelaySubscribing(t *testing.T) {
-	rn := regnodetest.Start(t)
-	b1, b2 := startBackend(t), startBackend(t)
-	api := newClient(t, rn.Addr).API()
-	register(t, api, "b1", b1.addr, 100)
-	old, err := os.ReadFile(saveView(t, rn.Addr, t.TempDir(), 1, 0))
+	// The view the loader will get: of another history, at a higher
+	// revision than the live one, so only the loader's own check (not the
+	// cache's monotonicity) keeps it from replacing the live view.
+	other := regnodetest.Start(t)
+	b0, b1, b2 := startBackend(t), startBackend(t), startBackend(t)
+	register(t, newClient(t, other.Addr).API(), "b0", b0.addr, 100)
+	var rev int64
+	for i := range 300 { // the live regnode's probes move its revision too
+		resp, err := other.Etcd.Put(context.Background(), "/elsewhere", strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = resp.Header.Revision
+	}
+	old, err := os.ReadFile(saveView(t, other.Addr, t.TempDir(), 1, rev))
 	if err != nil {
 		t.Fatal(err)
 	}
+	rn := regnodetest.Start(t)
+	api := newClient(t, rn.Addr).API()
+	register(t, api, "b1", b1.addr, 100)
 	register(t, api, "b2", b2.addr, 100)
 
 	dir := t.TempDir()
@@ -383,13 +396,19 @@ func TestLoadingDoesNotDelaySubscribing(t *testing.T) {
 		t.FailNow()
 	}
 	defer sub.Close()
+	defer release() // first: Close waits for the loader
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := sub.WaitReady(ctx); err != nil {
 		t.Fatalf("no live snapshot while the file was being read: %v", err)
 	}
-	if f := sub.Freshness(); f.FromDisk || len(sub.Instances("orders")) != 2 {
-		t.Fatalf("first view: %+v, %d instances", f, len(sub.Instances("orders")))
+	if f := sub.Freshness(); f.FromDisk {
+		t.Fatalf("first view: %+v", f)
+	}
+	// The regnode's view may trail the registrations a moment.
+	waitFor(t, 30*time.Second, "both live instances", func() bool { return len(sub.Instances("orders")) == 2 })
+	if sub.Revision() >= rev {
+		t.Fatalf("the live view at %d is not below the file's %d: the test proves less", sub.Revision(), rev)
 	}
 
 	if _, err := w.Write(old); err != nil {
