@@ -417,7 +417,7 @@ func TestLoadingDoesNotDelaySubscribing(t *testing.T) {
 	release()
 	waitFor(t, 30*time.Second, "the loader done", func() bool { return logs.has("a regnode answered first") || logs.has(servedLog) })
 	if f := sub.Freshness(); f.FromDisk || len(sub.Instances("orders")) != 2 || c.Metrics().Counts().DiskLoads != 0 {
-		t.Fatalf("the older disk view replaced the live one: %+v, %d instances", f, len(sub.Instances("orders")))
+		t.Fatalf("the disk view replaced the live one: %+v, %d instances", f, len(sub.Instances("orders")))
 	}
 }
 
