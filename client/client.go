@@ -56,6 +56,7 @@ type Config struct {
 	Zone string
 
 	// CacheDir, if set, keeps each service's last-known-good view on disk
+	// (a subscription of every service, Subscribe(ctx, "", ...), keeps none)
 	// (<CacheDir>/<service>.lkg, written atomically at most once a second
 	// and on Close): a subscription that starts while no regnode answers
 	// serves it (Freshness.FromDisk) until the first live snapshot
