@@ -1,6 +1,10 @@
 package balance
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 var (
 	descPicks = prometheus.NewDesc("registry_client_picks_total",
@@ -25,13 +29,17 @@ var (
 		"Retries refused by the retry budget.", nil, nil)
 	descNoInstance = prometheus.NewDesc("registry_client_no_instance_total",
 		"Calls failed because no instance could be called.", nil, nil)
+	descDiskLoads = prometheus.NewDesc("registry_client_disk_cache_loads_total",
+		"Last-known-good views served from disk because no regnode answered yet.", nil, nil)
+	descDiskAge = prometheus.NewDesc("registry_client_disk_cache_age_seconds",
+		"Age of the last-known-good view each service is served from now (absent once live).", []string{"service"}, nil)
 )
 
 // Describe implements prometheus.Collector: register a Metrics with the
 // application's registry to export it.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPicks, descWeight, descEjections, descReturns, descCapped, descProbes,
-		descPanicEnters, descPanicking, descRetries, descExhausted, descNoInstance} {
+		descPanicEnters, descPanicking, descRetries, descExhausted, descNoInstance, descDiskLoads, descDiskAge} {
 		ch <- d
 	}
 }
@@ -50,6 +58,10 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(descRetries, c.Retries)
 	counter(descExhausted, c.BudgetExhausted)
 	counter(descNoInstance, c.NoInstance)
+	counter(descDiskLoads, c.DiskLoads)
+	for svc, saved := range c.DiskSavedAt {
+		ch <- prometheus.MustNewConstMetric(descDiskAge, prometheus.GaugeValue, time.Since(saved).Seconds(), svc)
+	}
 	ch <- prometheus.MustNewConstMetric(descPanicking, prometheus.GaugeValue, float64(c.Panicking))
 	for k, v := range c.Picks {
 		svc, id := split(k)

@@ -3,6 +3,7 @@ package balance
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Metrics counts what the balancer and the retry interceptor decide. It
@@ -19,15 +20,17 @@ type Metrics struct {
 	budgetExhausted  atomic.Int64
 	panicking        atomic.Int64 // channels in panic mode now
 	noInstanceErrors atomic.Int64
+	diskLoads        atomic.Int64
 
 	mu      sync.Mutex
+	disk    map[string]time.Time     // by service: the saved time of the disk view served now
 	picks   map[string]*atomic.Int64 // by service/id
 	weights map[string]*atomic.Int64 // by service/id: the weight the picker uses now
 }
 
 // NewMetrics returns zeroed counts.
 func NewMetrics() *Metrics {
-	return &Metrics{picks: map[string]*atomic.Int64{}, weights: map[string]*atomic.Int64{}}
+	return &Metrics{picks: map[string]*atomic.Int64{}, weights: map[string]*atomic.Int64{}, disk: map[string]time.Time{}}
 }
 
 // Counts is a copy of the counts at one moment.
@@ -52,6 +55,28 @@ type Counts struct {
 	// instance (slow start included); absent while it cannot be picked
 	// or is ejected.
 	Weights map[string]int64
+	// DiskLoads counts last-known-good views served from disk (package
+	// client, Config.CacheDir).
+	DiskLoads int64
+	// DiskSavedAt, by service, is when the disk view served now was saved
+	// (its age); a service leaves it when a live view replaces it.
+	DiskSavedAt map[string]time.Time
+}
+
+// DiskCacheLoaded records that service is served from a disk view saved
+// at saved (package client calls it).
+func (m *Metrics) DiskCacheLoaded(service string, saved time.Time) {
+	m.diskLoads.Add(1)
+	m.mu.Lock()
+	m.disk[service] = saved
+	m.mu.Unlock()
+}
+
+// DiskCacheReplaced records that service no longer serves a disk view.
+func (m *Metrics) DiskCacheReplaced(service string) {
+	m.mu.Lock()
+	delete(m.disk, service)
+	m.mu.Unlock()
 }
 
 // Counts returns the current counts.
@@ -61,8 +86,12 @@ func (m *Metrics) Counts() Counts {
 		HalfOpenProbes: m.halfOpenProbes.Load(), PanicEnters: m.panicEnters.Load(), PanicLeaves: m.panicLeaves.Load(),
 		Panicking: m.panicking.Load(), Retries: m.retries.Load(), BudgetExhausted: m.budgetExhausted.Load(),
 		NoInstance: m.noInstanceErrors.Load(), Picks: map[string]int64{}, Weights: map[string]int64{},
+		DiskLoads: m.diskLoads.Load(), DiskSavedAt: map[string]time.Time{},
 	}
 	m.mu.Lock()
+	for k, v := range m.disk {
+		c.DiskSavedAt[k] = v
+	}
 	for k, v := range m.picks {
 		c.Picks[k] = v.Load()
 	}

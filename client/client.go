@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,18 @@ type Config struct {
 	// while it has enough healthy capacity, and spill over to the others
 	// otherwise (see package balance). "" routes without regard to zones.
 	Zone string
+
+	// CacheDir, if set, keeps each service's last-known-good view on disk
+	// (a subscription of every service, Subscribe(ctx, "", ...), keeps none)
+	// (<CacheDir>/<service>.lkg, written atomically at most once a second
+	// and on Close): a subscription that starts while no regnode answers
+	// serves it (Freshness.FromDisk) until the first live snapshot
+	// replaces it. Loading it never delays subscribing. The directory is
+	// created if absent. "" keeps nothing on disk.
+	CacheDir string
+	// CacheMaxAge is the age past which a disk view is ignored, with a
+	// warning (default DefaultCacheMaxAge).
+	CacheMaxAge time.Duration
 }
 
 // Policy is the balancing and retry policy of the channels to one
@@ -85,6 +98,9 @@ type Client struct {
 	zone     string
 
 	endpoints int // how many regnodes Endpoints names
+
+	cacheDir    string // Config.CacheDir
+	cacheMaxAge time.Duration
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -122,6 +138,18 @@ func New(cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("Config.Policies[%q]: %w", svc, err)
 		}
 		policies[svc] = p
+	}
+	maxAge := cfg.CacheMaxAge
+	switch {
+	case maxAge < 0:
+		return nil, &record.FieldError{Field: "Config.CacheMaxAge", Reason: fmt.Sprintf("%s is negative", maxAge)}
+	case maxAge == 0:
+		maxAge = DefaultCacheMaxAge
+	}
+	if cfg.CacheDir != "" {
+		if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
+			return nil, fmt.Errorf("Config.CacheDir: %w", err)
+		}
 	}
 	eps := cfg.Endpoints
 	if len(eps) == 0 {
@@ -170,7 +198,7 @@ func New(cfg Config) (*Client, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
 		policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
-		endpoints: len(eps), shared: map[string]*shared{}}, nil
+		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: maxAge}, nil
 }
 
 // DialOptions are the options of a channel to a registered service:
@@ -206,7 +234,8 @@ func (c *Client) policyFor(service string) Policy {
 
 // Metrics are the counts of every channel built with this Client's
 // resolver: picks and weights by instance, ejections, panic mode,
-// retries, budget exhaustion. It is a prometheus.Collector: register it
+// retries, budget exhaustion, disk-cache loads and the age of the disk
+// views served. It is a prometheus.Collector: register it
 // with the application's registry to export them (registry_client_*).
 func (c *Client) Metrics() *balance.Metrics { return c.metrics }
 

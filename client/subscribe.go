@@ -71,6 +71,14 @@ type Freshness struct {
 	// Connected is true while a Watch stream is open and has delivered a
 	// message within the receive deadline.
 	Connected bool
+	// FromDisk is true while the view is the last-known-good one loaded
+	// from Config.CacheDir because no regnode had answered yet; the first
+	// live snapshot replaces it (a Reset change) and turns it false.
+	FromDisk bool
+	// DiskSavedAt is when the disk view was saved (its age is
+	// time.Since(DiskSavedAt)); zero unless FromDisk. ConfirmedAt is the
+	// same time while FromDisk.
+	DiskSavedAt time.Time
 }
 
 // Subscription follows the instances of one service (or all) through any
@@ -86,6 +94,12 @@ type Subscription struct {
 	changes chan Change
 	cancel  context.CancelFunc
 	done    chan struct{}
+
+	// applyMu serializes applying to the cache and telling listeners: the
+	// stream's goroutine and the disk loader (diskcache.go) both apply.
+	applyMu sync.Mutex
+	disk    *diskCache     // nil without Config.CacheDir or for all services
+	aux     sync.WaitGroup // the disk loader and writer, waited for by run
 
 	mu struct {
 		sync.Mutex
@@ -103,6 +117,10 @@ type Subscription struct {
 		epoch  string
 		ahead  int  // REVISION_AHEAD answers in a row
 		afresh bool // the next stream subscribes afresh
+
+		// The view is the disk one (diskcache.go), saved on diskEpoch.
+		fromDisk  bool
+		diskEpoch string
 	}
 	// live is the liveness state, owned by the subscription's goroutine.
 	live struct {
@@ -155,15 +173,28 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 	if opts.Changes > 0 {
 		s.changes = make(chan Change, opts.Changes)
 	}
+	if c.cacheDir != "" && service != "" {
+		d, err := newDiskCache(c.cacheDir, service, c.cacheMaxAge)
+		if err != nil {
+			return nil, err
+		}
+		s.disk = d
+	}
 	ctx, s.cancel = context.WithCancel(ctx)
-	go s.run(ctx)
+	go s.run(ctx) // subscribing starts now, whatever the disk holds
+	if s.disk != nil {
+		s.aux.Add(2)
+		go func() { defer s.aux.Done(); s.loadDisk() }()
+		go func() { defer s.aux.Done(); s.disk.run(s) }()
+	}
 	return s, nil
 }
 
 // Service is the service followed ("" for all).
 func (s *Subscription) Service() string { return s.service }
 
-// Ready is closed when the first snapshot has been applied.
+// Ready is closed when the first snapshot has been applied: a live one,
+// or the last-known-good view from Config.CacheDir (Freshness.FromDisk).
 func (s *Subscription) Ready() <-chan struct{} { return s.ready }
 
 // WaitReady waits for the first snapshot or ctx.
@@ -249,6 +280,13 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 
 func (s *Subscription) run(ctx context.Context) {
 	defer close(s.done)
+	if s.disk != nil {
+		defer func() {
+			close(s.disk.stop) // nothing is applied any more: the writer's last write
+			s.aux.Wait()
+			s.c.metrics.DiskCacheReplaced(s.service)
+		}()
+	}
 	for attempt := 0; ; attempt++ {
 		err := s.stream(ctx)
 		if ctx.Err() != nil {
@@ -300,6 +338,9 @@ func (s *Subscription) stream(ctx context.Context) error {
 	// The resume token is (epoch, revision); after every regnode said it
 	// is ahead of them, subscribe afresh (unit.go).
 	from, ep, fresh := s.cache.Revision(), s.Epoch(), s.takeFresh()
+	if s.Freshness().FromDisk {
+		from, ep = 0, "" // a disk view is no resume token: its snapshot replaces it
+	}
 	if fresh {
 		from, ep = 0, ""
 		defer func() { s.keepFresh(fresh) }() // still due if no snapshot came
@@ -352,21 +393,40 @@ func (s *Subscription) stream(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		if fresh && b.Snapshot {
-			// Replaces a view no regnode has: a new epoch for this view.
-			b.Reset, b.NewEpoch, fresh = s.cache.Revision() != 0, b.Revision < s.cache.Revision(), false
-		}
-		if err := s.checkEpoch(unit.Epoch, b); err != nil {
+		if err := s.applyUnit(unit.Epoch, b, &fresh); err != nil {
 			return err
 		}
-		if err := s.apply(b); err != nil {
-			return err
-		}
-		s.setEpoch(unit.Epoch)
 	}
 }
 
-func (s *Subscription) apply(b cache.Batch) error {
+// applyUnit applies one live unit of epoch ep.
+func (s *Subscription) applyUnit(ep string, b cache.Batch, fresh *bool) error {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if *fresh && b.Snapshot {
+		// Replaces a view no regnode has: a new epoch for this view.
+		b.Reset, b.NewEpoch, *fresh = s.cache.Revision() != 0, b.Revision < s.cache.Revision(), false
+	}
+	b, ok := s.fromDiskSnapshot(ep, b)
+	if !ok {
+		return nil
+	}
+	if err := s.checkEpoch(ep, b); err != nil {
+		return err
+	}
+	if err := s.apply(b, nil); err != nil {
+		return err
+	}
+	s.setEpoch(ep)
+	if s.disk != nil {
+		s.disk.mark(s.cache.Snapshot(), s.Epoch(), time.Now())
+	}
+	return nil
+}
+
+// apply applies b to the cache and tells the listeners; disk is the view
+// b was loaded from, nil for a live unit. The caller holds applyMu.
+func (s *Subscription) apply(b cache.Batch, disk *diskView) error {
 	diff, err := s.cache.Apply(b)
 	if err != nil {
 		if errors.Is(err, cache.ErrStale) && !b.Snapshot && len(b.Events) > 0 && b.Revision <= s.cache.Revision() {
@@ -379,6 +439,15 @@ func (s *Subscription) apply(b cache.Batch) error {
 	now := time.Now()
 	s.mu.Lock()
 	s.mu.fresh.Revision, s.mu.fresh.ConfirmedAt = s.cache.Revision(), now
+	replaced := false
+	switch {
+	case disk != nil:
+		s.mu.fresh.ConfirmedAt, s.mu.fresh.FromDisk, s.mu.fresh.DiskSavedAt = disk.saved, true, disk.saved
+		s.mu.fromDisk, s.mu.diskEpoch = true, disk.epoch
+	case b.Snapshot && s.mu.fromDisk:
+		s.mu.fresh.FromDisk, s.mu.fresh.DiskSavedAt = false, time.Time{}
+		s.mu.fromDisk, s.mu.diskEpoch, replaced = false, "", true
+	}
 	if b.Snapshot {
 		s.mu.fresh.Known = true
 		if b.Reset {
@@ -390,6 +459,9 @@ func (s *Subscription) apply(b cache.Batch) error {
 		listeners = append(listeners, f)
 	}
 	s.mu.Unlock()
+	if replaced {
+		s.c.metrics.DiskCacheReplaced(s.service)
+	}
 	if b.Snapshot {
 		select {
 		case <-s.ready:
