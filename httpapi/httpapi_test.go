@@ -15,14 +15,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/httpapi"
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/regnodetest"
