@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/node"
 	"github.com/regcluster/registry/record"
@@ -103,5 +105,40 @@ func start(t testing.TB, cfg node.Config, clientURL string) (*Regnode, error) {
 	if prefix == "" {
 		prefix = record.DefaultPrefix
 	}
-	return &Regnode{Node: n, Addr: n.Addr(), Etcd: cli, ClientURL: clientURL, Prefix: prefix}, nil
+	rn := &Regnode{Node: n, Addr: n.Addr(), Etcd: cli, ClientURL: clientURL, Prefix: prefix}
+	if err := rn.settle(ctx); err != nil {
+		return nil, err
+	}
+	return rn, nil
+}
+
+// settle waits for the writes a regnode makes by itself on start, its
+// epoch key and its candidacy in the prober's election, so that a test
+// comparing etcd's revision before and after a call sees only the call's
+// writes.
+func (rn *Regnode) settle(ctx context.Context) error {
+	keys := record.NewKeys(rn.Prefix)
+	want := fmt.Sprintf("%q", rn.Node.Name())
+	for {
+		ep, err := rn.Etcd.Get(ctx, epoch.Key(rn.Prefix), clientv3.WithCountOnly())
+		if err != nil {
+			return fmt.Errorf("regnode %s settling: read its epoch key: %w", rn.Node.Name(), err)
+		}
+		el, err := rn.Etcd.Get(ctx, keys.Election()+"/", clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("regnode %s settling: read the election: %w", rn.Node.Name(), err)
+		}
+		candidate := false
+		for _, kv := range el.Kvs {
+			candidate = candidate || strings.Contains(string(kv.Value), `"name":`+want)
+		}
+		if ep.Count == 1 && candidate {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("regnode %s never wrote its epoch key and candidacy: %w", rn.Node.Name(), ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
