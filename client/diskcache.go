@@ -254,6 +254,7 @@ type diskCache struct {
 	maxAge        time.Duration
 	kick          chan struct{} // a write may be due
 	stop          chan struct{} // closed by the subscription when it stops applying
+	loaded        chan struct{} // closed when the loader is done with the file
 
 	mu struct {
 		sync.Mutex
@@ -272,7 +273,8 @@ func newDiskCache(dir, service string, maxAge time.Duration) (*diskCache, error)
 	if err != nil {
 		return nil, err
 	}
-	return &diskCache{path: p, service: service, maxAge: maxAge, kick: make(chan struct{}, 1), stop: make(chan struct{})}, nil
+	return &diskCache{path: p, service: service, maxAge: maxAge, kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		loaded: make(chan struct{})}, nil
 }
 
 // mark records the live view after a unit was applied (the subscription's
@@ -292,7 +294,17 @@ func (d *diskCache) mark(snap *cache.Snapshot, epoch string, now time.Time) {
 
 // run is the writer: at most one write per diskEvery, and a last one when
 // stop closes. The subscription owns it and waits for it.
+//
+// It starts once the loader is done with the file: a live view written
+// first would only be read back by the loader, and a file still being
+// opened by the loader (a slow disk) is left to it.
 func (d *diskCache) run(s *Subscription) {
+	select {
+	case <-d.loaded:
+	case <-d.stop:
+		d.flush(s, true)
+		return
+	}
 	for {
 		select {
 		case <-d.kick:
@@ -350,6 +362,7 @@ func (d *diskCache) flush(s *Subscription, final bool) {
 // first. It runs beside the subscription's stream, never before it.
 func (s *Subscription) loadDisk() {
 	d := s.disk
+	defer close(d.loaded)
 	v, err := readDiskView(d.path, d.service, d.maxAge, time.Now())
 	switch {
 	case errors.Is(err, os.ErrNotExist):

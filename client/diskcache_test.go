@@ -355,16 +355,15 @@ func TestLoadingDoesNotDelaySubscribing(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	opened := make(chan *os.File, 1)
-	go func() {
-		f, err := os.OpenFile(fifo, os.O_WRONLY, 0) // returns once the loader opened it
-		if err != nil {
-			t.Error(err)
-			close(opened)
-			return
-		}
-		opened <- f
-	}()
+	// Held read-write, the FIFO opens at once (Linux) and the loader's
+	// read blocks until w is written and closed: no goroutine of the test
+	// can hang in open, whatever the loader does.
+	w, err := os.OpenFile(fifo, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := sync.OnceFunc(func() { w.Close() })
+	defer release()
 	var logs logBuf
 	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, CacheDir: dir, Logger: logs.logger()})
 	if err != nil {
@@ -379,12 +378,9 @@ func TestLoadingDoesNotDelaySubscribing(t *testing.T) {
 		}
 		subc <- sub
 	}()
-	w := <-opened
-	if w == nil {
-		t.FailNow()
-	}
-	release := sync.OnceFunc(func() { w.Close() })
-	defer release()
+	// The loader has opened the FIFO when a second descriptor of this
+	// process refers to it.
+	waitFor(t, 30*time.Second, "the loader to open the file", func() bool { return openCount(t, w) >= 2 })
 	var sub *client.Subscription
 	select {
 	case sub = <-subc:
@@ -397,6 +393,9 @@ func TestLoadingDoesNotDelaySubscribing(t *testing.T) {
 	}
 	defer sub.Close()
 	defer release() // first: Close waits for the loader
+	if n := openCount(t, w); n < 2 {
+		t.Fatalf("the FIFO is open %d times: the loader is not reading it, the test proves less", n)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := sub.WaitReady(ctx); err != nil {
@@ -490,4 +489,26 @@ func TestDiskViewOfAnotherHistoryReplaced(t *testing.T) {
 		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		return err == nil && b2.calls.Load() > 0
 	})
+}
+
+// openCount is how many descriptors of this process refer to f's file
+// (compared by device and inode: a rename of its path does not matter).
+func openCount(t *testing.T, f *os.File) int {
+	t.Helper()
+	var want syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &want); err != nil {
+		t.Fatal(err)
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, fd := range fds {
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join("/proc/self/fd", fd.Name()), &st) == nil && st.Dev == want.Dev && st.Ino == want.Ino {
+			n++
+		}
+	}
+	return n
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,6 +97,23 @@ func poll(t *testing.T, tab context.Context, what, expr string) {
 	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(20*time.Millisecond))); err != nil {
 		body, _ := chromedp.Run(tab, chromedp.Evaluate[string](`document.body.innerText`))
 		t.Fatalf("waiting for %s (%s): %v\npage:\n%s", what, expr, err, body)
+	}
+}
+
+// onLiveNode runs an action on a node the page may re-render meanwhile
+// (every update replaces the table's rows): a node chromedp found and
+// lost before it acted is looked up again, a bounded number of times.
+// Only that error is retried, and it comes before any input is sent.
+func onLiveNode(t *testing.T, tab context.Context, what string, a chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	for i := 0; ; i++ {
+		err := chromedp.Do(tab, a)
+		if err == nil {
+			return
+		}
+		if i == 20 || !strings.Contains(err.Error(), "Could not find node") {
+			t.Fatalf("%s: %v (attempt %d)", what, err, i+1)
+		}
 	}
 }
 
@@ -218,9 +236,7 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	t.Run("a drain click changes the record in etcd", func(t *testing.T) {
 		btn := chromedp.CSS(`tr[data-key="orders/o-1"] button`)
-		if err := chromedp.Do(tab, chromedp.Click(btn)); err != nil {
-			t.Fatal(err)
-		}
+		onLiveNode(t, tab, "click Drain", chromedp.Click(btn))
 		waitEtcd(t, rn, "orders", "o-1", registryv1.Lifecycle_LIFECYCLE_DRAINING)
 		poll(t, tab, "o-1 DRAINING with an Undrain button and the drain reason",
 			cell("orders/o-1", "lifecycle")+` === "DRAINING" && document.querySelector('tr[data-key="orders/o-1"] button').textContent === "Undrain" && `+
@@ -229,7 +245,8 @@ func TestDashboardInBrowser(t *testing.T) {
 
 		// With the keyboard: focus the button, press Enter; focus stays on
 		// the instance's button after the page re-renders.
-		if err := chromedp.Do(tab, chromedp.Focus(btn), chromedp.KeyEvent("\r")); err != nil {
+		onLiveNode(t, tab, "focus Undrain", chromedp.Focus(btn))
+		if err := chromedp.Do(tab, chromedp.KeyEvent("\r")); err != nil {
 			t.Fatal(err)
 		}
 		waitEtcd(t, rn, "orders", "o-1", registryv1.Lifecycle_LIFECYCLE_SERVING)
