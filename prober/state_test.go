@@ -107,7 +107,7 @@ func TestSweepsOrphanedState(t *testing.T) {
 	ctx := context.Background()
 	var gone *store.Registration
 	for _, id := range []string{"live", "gone"} {
-		reg, err := st.Register(ctx, &registryv1.Instance{Service: "orders", Id: id, Address: "127.0.0.1:1", Incarnation: id}, 0)
+		reg, err := st.Register(ctx, &registryv1.Instance{Service: "orders", Id: id, Address: "127.0.0.1:1", Incarnation: id}, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func TestDeposedLeaderSweepsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	reg, err := st.Register(ctx, &registryv1.Instance{Service: "orders", Id: "gone", Address: "127.0.0.1:1", Incarnation: "x"}, 0)
+	reg, err := st.Register(ctx, &registryv1.Instance{Service: "orders", Id: "gone", Address: "127.0.0.1:1", Incarnation: "x"}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,7 +72,7 @@ func TestUpdateIfRefusedWhenGuardNoLongerHolds(t *testing.T) {
 	// its context ends.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	reg, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestUpdateIfRetriesConflictWhileGuardHolds(t *testing.T) {
 	// its context ends.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	reg, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestUpdateIfHeldInPausedLinkIsRefused(t *testing.T) {
 	// its context ends.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
+	if _, err := s.Register(ctx, inst("orders", "a"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	key := s.Keys().Instance("orders", "a")

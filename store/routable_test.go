@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -15,7 +16,7 @@ import (
 func TestWritesStampRoutableSince(t *testing.T) {
 	s, _, _ := newStore(t)
 	ctx := context.Background()
-	reg, err := s.Register(ctx, inst("orders", "o-1"), 0)
+	reg, err := s.Register(ctx, inst("orders", "o-1"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
@@ -75,7 +76,7 @@ func stateKeys(t *testing.T, s *store.Store, cli *clientv3.Client) int64 {
 func TestLostLeaseKeepsLifecycleAndHealth(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	first, err := s.Register(ctx, inst("orders", "a"), 0)
+	first, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestLostLeaseKeepsLifecycleAndHealth(t *testing.T) {
 func TestReplaceKeepsLiveState(t *testing.T) {
 	s, _, _ := newStore(t)
 	ctx := context.Background()
-	first, err := s.Register(ctx, inst("orders", "a"), 0)
+	first, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestReplaceKeepsLiveState(t *testing.T) {
 func TestNewOwnerStartsAfresh(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	old, err := s.Register(ctx, inst("orders", "a"), 0)
+	old, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +167,7 @@ func TestNewOwnerStartsAfresh(t *testing.T) {
 	}
 	setHealth(t, s, "orders", "a", unavailable, "gone")
 	loseLease(t, s, cli, "orders", "a")
-	if reg, err := s.Register(ctx, inst("orders", "a"), 0); err != nil {
+	if reg, err := s.Register(ctx, inst("orders", "a"), time.Hour); err != nil {
 		t.Fatal(err)
 	} else if reg.Replaced {
 		t.Error("a new owner is reported as a re-registration")
@@ -191,11 +192,11 @@ func TestNewOwnerStartsAfresh(t *testing.T) {
 func TestDeregisterDeletesSavedState(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	a, err := s.Register(ctx, inst("orders", "a"), 0)
+	a, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Register(ctx, inst("orders", "b"), 0); err != nil {
+	if _, err := s.Register(ctx, inst("orders", "b"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if n := stateKeys(t, s, cli); n != 2 {
@@ -224,7 +225,7 @@ func TestDeregisterDeletesSavedState(t *testing.T) {
 	if n := stateKeys(t, s, cli); n != 0 {
 		t.Fatalf("%d saved states after every instance ended", n)
 	}
-	if _, err := s.Register(ctx, inst("orders", "b"), 0); err != nil {
+	if _, err := s.Register(ctx, inst("orders", "b"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if got := storedRecord(t, s, "orders", "b"); got.Lifecycle != serving {
@@ -247,7 +248,7 @@ func TestOrphans(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
 	for _, id := range []string{"a", "b", "c"} {
-		if _, err := s.Register(ctx, inst("orders", id), 0); err != nil {
+		if _, err := s.Register(ctx, inst("orders", id), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -272,7 +273,7 @@ func TestOrphans(t *testing.T) {
 	if deleted, err := s.DeleteOrphan(ctx, stale, nil); err != nil || deleted {
 		t.Fatalf("delete at a stale revision: %v, %v", deleted, err)
 	}
-	if _, err := s.Register(ctx, inst("orders", "c"), 0); err != nil {
+	if _, err := s.Register(ctx, inst("orders", "c"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := cli.Get(ctx, s.StateKey("orders", "c"))

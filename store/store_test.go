@@ -42,7 +42,7 @@ func TestRegisterGetList(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
 	for i := range 7 {
-		if _, err := s.Register(ctx, inst("orders", fmt.Sprintf("o-%d", i)), 0); err != nil {
+		if _, err := s.Register(ctx, inst("orders", fmt.Sprintf("o-%d", i)), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -84,7 +84,7 @@ func TestDuplicateAndOwner(t *testing.T) {
 	ctx := context.Background()
 	claimed := inst("orders", "a")
 	claimed.Incarnation = "inc-a" // what an older client sends: kept nowhere
-	first, err := s.Register(ctx, claimed, 0)
+	first, err := s.Register(ctx, claimed, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestInvalidWritesNothing(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
 	bad := inst("Orders", "a")
-	_, err := s.Register(ctx, bad, 0)
+	_, err := s.Register(ctx, bad, time.Hour)
 	var fe *record.FieldError
 	if !errors.As(err, &fe) || fe.Field != "service" {
 		t.Fatalf("err = %v, want a FieldError on service", err)
@@ -162,7 +162,7 @@ func TestInvalidWritesNothing(t *testing.T) {
 func TestJunkSkipped(t *testing.T) {
 	s, cli, junk := newStore(t)
 	ctx := context.Background()
-	if _, err := s.Register(ctx, inst("orders", "good"), 0); err != nil {
+	if _, err := s.Register(ctx, inst("orders", "good"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	k := s.Keys()
@@ -187,7 +187,7 @@ func TestJunkSkipped(t *testing.T) {
 		t.Fatalf("junk reported %d times, want 5", junk.Load())
 	}
 	// Junk under an id can be registered over.
-	if _, err := s.Register(ctx, inst("orders", "text"), 0); err != nil {
+	if _, err := s.Register(ctx, inst("orders", "text"), time.Hour); err != nil {
 		t.Fatalf("register over junk: %v", err)
 	}
 }
@@ -205,7 +205,7 @@ func mustEncode(t *testing.T, in *registryv1.Instance) string {
 func TestConcurrentUpdatesLoseNothing(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	reg, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func atoi(s string) int {
 func TestDeregisterOnlyOwnLease(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	reg, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +369,7 @@ func TestCompactRevision(t *testing.T) {
 func TestKeepAliveOnlyOwnRegistration(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	reg, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestKeepAliveOnlyOwnRegistration(t *testing.T) {
 func TestUpdateKeepsOwner(t *testing.T) {
 	s, _, _ := newStore(t)
 	ctx := context.Background()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	reg, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
