@@ -19,7 +19,36 @@ type RegisterOptions struct {
 	DrainGrace time.Duration
 	// OnChange is called when the instance becomes registered, is lost, or
 	// is registered again; it must not block.
-	OnChange func(lease.Status)
+	OnChange func(RegistrationStatus)
+}
+
+// RegistrationStatus is a registration's state at one moment.
+type RegistrationStatus struct {
+	// Registered is true while the instance is known to be in the
+	// registry under a live lease: set on a successful register or
+	// renewal, cleared when the lease is reported lost or has not been
+	// renewed for a whole TTL.
+	Registered bool
+	// LeaseID is the current (or last) lease.
+	LeaseID int64
+	// TTL is the lease TTL the regnode granted.
+	TTL time.Duration
+	// Closed is true once Close has deregistered the instance, so an
+	// OnChange callback can tell a graceful end from a lost lease.
+	Closed bool
+	// Since is when Registered last changed.
+	Since time.Time
+	// Registrations counts successful registrations, the first included.
+	Registrations int
+	// LastError is the last failure, nil after a success.
+	LastError error
+}
+
+// registrationStatus is the SDK's copy of the keeper's status, so that
+// the SDK's API does not expose package lease.
+func registrationStatus(st lease.Status) RegistrationStatus {
+	return RegistrationStatus{Registered: st.Registered, LeaseID: st.LeaseID, TTL: st.TTL, Closed: st.Closed,
+		Since: st.Since, Registrations: st.Registrations, LastError: st.LastError}
 }
 
 // Registration is one instance kept registered through regnode. It keeps
@@ -38,8 +67,12 @@ type Registration struct {
 // and an id alive under another owner (record.ErrAlreadyExists) fail at once.
 func (c *Client) Register(ctx context.Context, inst *registryv1.Instance, opts RegisterOptions) (*Registration, error) {
 	b := &apiBackend{api: c.api}
+	var onChange func(lease.Status)
+	if opts.OnChange != nil {
+		onChange = func(st lease.Status) { opts.OnChange(registrationStatus(st)) }
+	}
 	k, err := lease.Start(ctx, b, inst, lease.Config{
-		TTL: opts.TTL, DrainGrace: opts.DrainGrace, OnChange: opts.OnChange, Logger: c.log,
+		TTL: opts.TTL, DrainGrace: opts.DrainGrace, OnChange: onChange, Logger: c.log,
 	})
 	if err != nil {
 		b.close()
@@ -50,7 +83,7 @@ func (c *Client) Register(ctx context.Context, inst *registryv1.Instance, opts R
 
 // Status is the registration's current state; Status().Registered says
 // whether the instance is in the registry right now.
-func (r *Registration) Status() lease.Status { return r.k.Status() }
+func (r *Registration) Status() RegistrationStatus { return registrationStatus(r.k.Status()) }
 
 // Instance is the record as this registration writes it.
 func (r *Registration) Instance() *registryv1.Instance { return r.k.Instance() }

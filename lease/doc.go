@@ -9,7 +9,7 @@
 // lifecycle DRAINING is written first, the drain grace period lets
 // subscribers see it, then the key is deleted and the lease revoked.
 //
-// The loop is written once, against a Backend: NewEtcdBackend talks to etcd
+// The loop is written once, against a Backend: store.NewLeaseBackend talks to etcd
 // directly (regnode, or any Go program holding an etcd client); the SDK
 // supplies a Backend that goes through regnode's API.
 package lease
