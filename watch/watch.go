@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -31,6 +30,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/backoff"
 	"github.com/regcluster/registry/internal/epoch"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -194,23 +194,10 @@ func (w *Watcher) Run(ctx context.Context, deliver Deliver) error {
 }
 
 func (w *Watcher) backoff(attempt int) time.Duration {
-	d := w.cfg.MinBackoff << min(attempt, 16)
-	if d > w.cfg.MaxBackoff || d <= 0 {
-		d = w.cfg.MaxBackoff
-	}
-	return d/2 + rand.N(d/2+1)
+	return backoff.Exponential{Min: w.cfg.MinBackoff, Max: w.cfg.MaxBackoff}.Delay(attempt)
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+var sleep = backoff.Sleep
 
 // list reads the whole prefix at one revision and delivers it as a
 // snapshot (a reset if anything was delivered before). With EpochKey it
