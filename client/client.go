@@ -145,19 +145,13 @@ func New(cfg Config) (*Client, error) {
 		}
 		policies[svc] = p
 	}
-	maxAge := cfg.CacheMaxAge
-	switch {
-	case maxAge < 0:
-		return nil, &record.FieldError{Field: "Config.CacheMaxAge", Reason: fmt.Sprintf("%s is negative", maxAge)}
-	case maxAge == 0:
-		maxAge = DefaultCacheMaxAge
+	maxAge, err := durationOr("Config.CacheMaxAge", cfg.CacheMaxAge, DefaultCacheMaxAge)
+	if err != nil {
+		return nil, err
 	}
-	closeTimeout := cfg.CloseTimeout
-	switch {
-	case closeTimeout < 0:
-		return nil, &record.FieldError{Field: "Config.CloseTimeout", Reason: fmt.Sprintf("%s is negative", closeTimeout)}
-	case closeTimeout == 0:
-		closeTimeout = DefaultCloseTimeout
+	closeTimeout, err := durationOr("Config.CloseTimeout", cfg.CloseTimeout, DefaultCloseTimeout)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.CacheDir != "" {
 		if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
@@ -216,6 +210,18 @@ func New(cfg Config) (*Client, error) {
 	c.cc, c.api = cc, registryv1.NewRegistryClient(cc)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
+}
+
+// durationOr is d, or def if d is zero; a negative d is refused, naming
+// field.
+func durationOr(field string, d, def time.Duration) (time.Duration, error) {
+	switch {
+	case d < 0:
+		return 0, &record.FieldError{Field: field, Reason: fmt.Sprintf("%s is negative", d)}
+	case d == 0:
+		return def, nil
+	}
+	return d, nil
 }
 
 // DialOptions are the options of a channel to a registered service:

@@ -193,3 +193,11 @@ func noLeaks(t *testing.T, opts ...goleak.Option) {
 		}
 	}
 }
+
+func TestNegativeCloseTimeoutIsRefused(t *testing.T) {
+	_, err := client.New(client.Config{Endpoints: []string{"127.0.0.1:1"}, CloseTimeout: -time.Second})
+	var fe *record.FieldError
+	if !errors.As(err, &fe) || fe.Field != "Config.CloseTimeout" {
+		t.Fatalf("New with a negative CloseTimeout: %v, want a FieldError naming Config.CloseTimeout", err)
+	}
+}
