@@ -135,7 +135,8 @@ func (c *Client) refuseClosedStream(ctx context.Context, desc *grpc.StreamDesc, 
 //
 // Afterwards no goroutine of the Client runs. Close is idempotent; later
 // calls return the first call's result: the registrations' errors joined
-// with the connections'.
+// with the connections'. It waits for the subscriptions' goroutines, so it
+// must not be called from an OnChange or OnConnection callback.
 func (c *Client) Close() error {
 	c.own.closeOnce.Do(func() { c.own.closeErr = c.close() })
 	return c.own.closeErr
