@@ -201,3 +201,26 @@ func TestNegativeCloseTimeoutIsRefused(t *testing.T) {
 		t.Fatalf("New with a negative CloseTimeout: %v, want a FieldError naming Config.CloseTimeout", err)
 	}
 }
+
+// A subscription whose context has already ended stops at once, and with
+// it the disk cache's loader and writer: nothing of it runs after Done.
+func TestSubscriptionOnEndedContextLeavesNothing(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	c, err := client.New(client.Config{Endpoints: []string{"127.0.0.1:1"}, CacheDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 20 {
+		sub, err := c.Subscribe(ctx, "orders", client.SubscribeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-sub.Done()
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	noLeaks(t, before)
+}

@@ -186,9 +186,11 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 		s.cancel()
 		return nil, err
 	}
+	if s.disk != nil {
+		s.aux.Add(2) // before run starts: run waits for them, even if ctx already ended
+	}
 	go s.run(ctx) // subscribing starts now, whatever the disk holds
 	if s.disk != nil {
-		s.aux.Add(2)
 		go func() { defer s.aux.Done(); s.loadDisk() }()
 		go func() { defer s.aux.Done(); s.disk.run(s) }()
 	}
