@@ -2,24 +2,21 @@ package balance_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/balancer/roundrobin"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
-	"google.golang.org/grpc/serviceconfig"
 
 	"github.com/regcluster/registry/balance"
+	"github.com/regcluster/registry/internal/pickertap"
 )
 
 // BenchmarkUnaryCall is one unary call on loopback through our policy
@@ -92,7 +89,7 @@ func benchState(insts []inst) resolver.State {
 // BenchmarkPick is one pick alone (Picker.Pick, then PickResult.Done) of
 // our policy (P2C, WRR) and of grpc-go's round_robin, over N connected
 // loopback backends: the pickers are the ones the real balancers hand a
-// real grpc.ClientConn, caught by a tap between the two (benchTap), and
+// real grpc.ClientConn, caught by a tap between the two (internal/pickertap), and
 // called in a loop without any RPC.
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{3, 20} {
@@ -105,13 +102,13 @@ func BenchmarkPick(b *testing.B) {
 		p := balance.DefaultPolicy()
 		wrr := p
 		wrr.Picker = balance.PickerWRR
-		for _, tc := range []struct{ name, sc string }{
-			{"registry_weighted_p2c", tapped(b, p)},
-			{"registry_weighted_wrr", tapped(b, wrr)},
-			{"round_robin", `{"loadBalancingConfig":[{"` + benchTapPrefix + roundrobin.Name + `":{}}]}`},
+		for _, tc := range []struct{ name, policy, sc string }{
+			{"registry_weighted_p2c", balance.Name, tapped(b, p)},
+			{"registry_weighted_wrr", balance.Name, tapped(b, wrr)},
+			{"round_robin", roundrobin.Name, pickertap.ServiceConfig(roundrobin.Name, `{}`)},
 		} {
 			b.Run(fmt.Sprintf("%s/N=%d", tc.name, n), func(b *testing.B) {
-				pk, info := tappedPicker(b, tc.sc, insts)
+				pk, info := tappedPicker(b, tc.policy, tc.sc, insts)
 				di := balancer.DoneInfo{BytesSent: true, BytesReceived: true}
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -130,9 +127,9 @@ func BenchmarkPick(b *testing.B) {
 }
 
 // tappedPicker is the picker a real channel over insts (all connected)
-// is given by the policy of sc, tapped (benchTapPrefix), once it spreads
+// is given by policy in sc, tapped (pickertap.Prefix), once it spreads
 // picks over every instance; and the PickInfo of a call to pick with.
-func tappedPicker(tb testing.TB, sc string, insts []inst) (balancer.Picker, balancer.PickInfo) {
+func tappedPicker(tb testing.TB, policy, sc string, insts []inst) (balancer.Picker, balancer.PickInfo) {
 	n := len(insts)
 	r := manual.NewBuilderWithScheme(fmt.Sprintf("bench%d", schemes.Add(1)))
 	r.InitialState(benchState(insts))
@@ -151,8 +148,8 @@ func tappedPicker(tb testing.TB, sc string, insts []inst) (balancer.Picker, bala
 		if ctx.Err() != nil {
 			tb.Fatalf("the picker never reached all %d backends", n)
 		}
-		if t := benchTapOf(cc.Target()); t != nil {
-			if cand, ok := t.ready(); ok {
+		if t := pickertap.Of(policy, cc.Target()); t != nil {
+			if cand, ok := t.Ready(); ok {
 				seen := map[balancer.SubConn]bool{}
 				for range 40 * n {
 					res, err := cand.Pick(info)
@@ -179,76 +176,5 @@ func tapped(tb testing.TB, p balance.Policy) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return strings.Replace(sc, `"`+balance.Name+`"`, `"`+benchTapPrefix+balance.Name+`"`, 1)
-}
-
-// benchTap is a balancer policy wrapping a real one (benchTapPrefix + its
-// name) that keeps the last picker the balancer gave its channel.
-const benchTapPrefix = "bench_tap_"
-
-func init() {
-	for _, name := range []string{balance.Name, roundrobin.Name} {
-		balancer.Register(benchTapBuilder{balancer.Get(name)})
-	}
-}
-
-var (
-	benchTapsMu sync.Mutex
-	benchTaps   = map[string]*benchTap{} // by the channel's target
-)
-
-func benchTapOf(target string) *benchTap {
-	benchTapsMu.Lock()
-	defer benchTapsMu.Unlock()
-	return benchTaps[target]
-}
-
-type benchTapBuilder struct{ inner balancer.Builder }
-
-func (b benchTapBuilder) Name() string { return benchTapPrefix + b.inner.Name() }
-
-func (b benchTapBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
-	t := &benchTap{ClientConn: cc, target: opts.Target.String()}
-	t.Balancer = b.inner.Build(t, opts)
-	benchTapsMu.Lock()
-	benchTaps[t.target] = t
-	benchTapsMu.Unlock()
-	return t
-}
-
-func (b benchTapBuilder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
-	if p, ok := b.inner.(balancer.ConfigParser); ok {
-		return p.ParseConfig(js)
-	}
-	return nil, nil
-}
-
-type benchTap struct {
-	balancer.ClientConn
-	balancer.Balancer
-	target string
-
-	mu     sync.Mutex
-	state  connectivity.State
-	picker balancer.Picker
-}
-
-func (t *benchTap) UpdateState(s balancer.State) {
-	t.mu.Lock()
-	t.state, t.picker = s.ConnectivityState, s.Picker
-	t.mu.Unlock()
-	t.ClientConn.UpdateState(s)
-}
-
-func (t *benchTap) ready() (balancer.Picker, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.picker, t.state == connectivity.Ready && t.picker != nil
-}
-
-func (t *benchTap) Close() {
-	benchTapsMu.Lock()
-	delete(benchTaps, t.target)
-	benchTapsMu.Unlock()
-	t.Balancer.Close()
+	return strings.Replace(sc, `"`+balance.Name+`"`, `"`+pickertap.Prefix+balance.Name+`"`, 1)
 }

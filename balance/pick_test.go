@@ -23,7 +23,7 @@ func TestPickDoneAllocatesNothing(t *testing.T) {
 	for _, p := range []balance.Policy{balance.DefaultPolicy(), wrr} {
 		for _, n := range []int{3, 12} {
 			t.Run(fmt.Sprintf("%s/N=%d", p.Picker, n), func(t *testing.T) {
-				pk, info := tappedPicker(t, tapped(t, p), insts[:n])
+				pk, info := tappedPicker(t, balance.Name, tapped(t, p), insts[:n])
 				di := balancer.DoneInfo{BytesSent: true, BytesReceived: true}
 				allocs := testing.AllocsPerRun(1000, func() {
 					res, err := pk.Pick(info)

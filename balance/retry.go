@@ -2,12 +2,13 @@ package balance
 
 import (
 	"context"
-	rand "math/rand/v2"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/regcluster/registry/internal/backoff"
 )
 
 // UnaryClientInterceptor retries a unary call on another instance, as the
@@ -88,7 +89,7 @@ func (c *call) retry(ctx context.Context, method string, err error, n, before in
 	default:
 		return false
 	}
-	wait := backoff(p, n)
+	wait := retryWait(p, n)
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= wait {
 		return false // the caller's deadline bounds every attempt
 	}
@@ -97,20 +98,12 @@ func (c *call) retry(ctx context.Context, method string, err error, n, before in
 		return false
 	}
 	sh.metrics.retries.Add(1)
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return backoff.Sleep(ctx, wait)
 }
 
-// backoff is exponential from RetryBackoff, capped at RetryBackoffMax,
+// retryWait is exponential from RetryBackoff, capped at RetryBackoffMax,
 // with equal jitter (half fixed, half random) so that callers failed by
 // one event do not retry in lockstep.
-func backoff(p *Policy, n int) time.Duration {
-	d := min(p.RetryBackoff<<n, p.RetryBackoffMax)
-	return d/2 + rand.N(d/2+1)
+func retryWait(p *Policy, n int) time.Duration {
+	return backoff.Exponential{Min: p.RetryBackoff, Max: p.RetryBackoffMax}.Delay(n)
 }

@@ -74,6 +74,11 @@ type Config struct {
 	// CacheMaxAge is the age past which a disk view is ignored, with a
 	// warning (default DefaultCacheMaxAge).
 	CacheMaxAge time.Duration
+
+	// CloseTimeout bounds how long Close gives the open Registrations to
+	// drain and deregister (default DefaultCloseTimeout); a drain grace
+	// longer than it is cut short.
+	CloseTimeout time.Duration
 }
 
 // Policy is the balancing and retry policy of the channels to one
@@ -89,7 +94,7 @@ type Client struct {
 	cc     *grpc.ClientConn
 	api    registryv1.RegistryClient
 	log    *slog.Logger
-	ctx    context.Context // ends on Close: the lifetime of shared subscriptions
+	ctx    context.Context // ends when Close begins: stops first registrations still retrying
 	cancel context.CancelFunc
 
 	policy   Policy
@@ -105,9 +110,10 @@ type Client struct {
 	sharedMu sync.Mutex
 	shared   map[string]*shared
 	closed   bool
-}
 
-var errClientClosed = errors.New("registry client closed")
+	closeTimeout time.Duration // Config.CloseTimeout
+	own          owned         // what Close stops (own.go)
+}
 
 // clientKeepalive pings a regnode connection that has been quiet for 10s
 // (grpc-go's floor for clients; regnode permits 5s) and drops it when no
@@ -139,12 +145,13 @@ func New(cfg Config) (*Client, error) {
 		}
 		policies[svc] = p
 	}
-	maxAge := cfg.CacheMaxAge
-	switch {
-	case maxAge < 0:
-		return nil, &record.FieldError{Field: "Config.CacheMaxAge", Reason: fmt.Sprintf("%s is negative", maxAge)}
-	case maxAge == 0:
-		maxAge = DefaultCacheMaxAge
+	maxAge, err := durationOr("Config.CacheMaxAge", cfg.CacheMaxAge, DefaultCacheMaxAge)
+	if err != nil {
+		return nil, err
+	}
+	closeTimeout, err := durationOr("Config.CloseTimeout", cfg.CloseTimeout, DefaultCloseTimeout)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.CacheDir != "" {
 		if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
@@ -169,6 +176,9 @@ func New(cfg Config) (*Client, error) {
 		}
 		addrs = append(addrs, a)
 	}
+	c := &Client{log: cfg.Logger, policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
+		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: maxAge, closeTimeout: closeTimeout}
+	c.own.init()
 	creds := insecure.NewCredentials()
 	if cfg.TLS != nil {
 		creds = credentials.NewTLS(cfg.TLS.Clone())
@@ -186,19 +196,32 @@ func New(cfg Config) (*Client, error) {
 		// list pages); RecvLimit leaves room for a regnode that frames
 		// differently.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(chunk.RecvLimit)),
+		// First in the chain: a closed Client sends nothing.
+		grpc.WithChainUnaryInterceptor(c.refuseClosed),
+		grpc.WithChainStreamInterceptor(c.refuseClosedStream),
 	}, cfg.DialOptions...)
 	cc, err := grpc.NewClient(r.Scheme()+":///regnodes", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to regnodes %v: %w", eps, err)
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
+	if c.log == nil {
+		c.log = slog.Default()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
-		policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
-		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: maxAge}, nil
+	c.cc, c.api = cc, registryv1.NewRegistryClient(cc)
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// durationOr is d, or def if d is zero; a negative d is refused, naming
+// field.
+func durationOr(field string, d, def time.Duration) (time.Duration, error) {
+	switch {
+	case d < 0:
+		return 0, &record.FieldError{Field: field, Reason: fmt.Sprintf("%s is negative", d)}
+	case d == 0:
+		return def, nil
+	}
+	return d, nil
 }
 
 // DialOptions are the options of a channel to a registered service:
@@ -241,28 +264,6 @@ func (c *Client) Metrics() *balance.Metrics { return c.metrics }
 
 // API is the raw registry.v1 client, for calls the SDK does not wrap.
 func (c *Client) API() registryv1.RegistryClient { return c.api }
-
-// Close stops the subscriptions shared by resolvers and closes the
-// connections. Registrations and subscriptions made through the Client
-// should be closed first.
-func (c *Client) Close() error {
-	c.sharedMu.Lock()
-	c.closed = true
-	subs := make([]*Subscription, 0, len(c.shared))
-	for k, sh := range c.shared {
-		if sh.timer != nil {
-			sh.timer.Stop()
-		}
-		subs = append(subs, sh.sub)
-		delete(c.shared, k)
-	}
-	c.sharedMu.Unlock()
-	c.cancel()
-	for _, s := range subs {
-		s.Close()
-	}
-	return c.cc.Close()
-}
 
 // FromStatus turns a regnode error into one that wraps the sentinel a
 // caller branches on (record.ErrInvalid, record.ErrNotFound,

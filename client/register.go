@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -19,7 +20,36 @@ type RegisterOptions struct {
 	DrainGrace time.Duration
 	// OnChange is called when the instance becomes registered, is lost, or
 	// is registered again; it must not block.
-	OnChange func(lease.Status)
+	OnChange func(RegistrationStatus)
+}
+
+// RegistrationStatus is a registration's state at one moment.
+type RegistrationStatus struct {
+	// Registered is true while the instance is known to be in the
+	// registry under a live lease: set on a successful register or
+	// renewal, cleared when the lease is reported lost or has not been
+	// renewed for a whole TTL.
+	Registered bool
+	// LeaseID is the current (or last) lease.
+	LeaseID int64
+	// TTL is the lease TTL the regnode granted.
+	TTL time.Duration
+	// Closed is true once Close has deregistered the instance, so an
+	// OnChange callback can tell a graceful end from a lost lease.
+	Closed bool
+	// Since is when Registered last changed.
+	Since time.Time
+	// Registrations counts successful registrations, the first included.
+	Registrations int
+	// LastError is the last failure, nil after a success.
+	LastError error
+}
+
+// registrationStatus is the SDK's copy of the keeper's status, so that
+// the SDK's API does not expose package lease.
+func registrationStatus(st lease.Status) RegistrationStatus {
+	return RegistrationStatus{Registered: st.Registered, LeaseID: st.LeaseID, TTL: st.TTL, Closed: st.Closed,
+		Since: st.Since, Registrations: st.Registrations, LastError: st.LastError}
 }
 
 // Registration is one instance kept registered through regnode. It keeps
@@ -27,45 +57,78 @@ type RegisterOptions struct {
 // renewal) and through the loss of its lease (it registers again). It
 // owns the instance: the registration's secret, which renewals, a
 // re-registration and Close prove ownership with, lives only in its
-// memory and is never shown.
+// memory and is never shown. The Client that made it closes it on
+// Client.Close if it is still open.
 type Registration struct {
+	c *Client
 	k *lease.Keeper
 	b *apiBackend
 }
 
-// Register registers inst and keeps it registered until Close. The first
-// registration is retried until ctx ends; invalid input (record.ErrInvalid)
-// and an id alive under another owner (record.ErrAlreadyExists) fail at once.
+// Register registers inst and keeps it registered until Close (its own
+// or the Client's). The first registration is retried until ctx ends or
+// the Client closes (ErrClosed); invalid input (record.ErrInvalid) and an
+// id alive under another owner (record.ErrAlreadyExists) fail at once.
 func (c *Client) Register(ctx context.Context, inst *registryv1.Instance, opts RegisterOptions) (*Registration, error) {
+	if err := c.beginRegister(); err != nil {
+		return nil, fmt.Errorf("register %s/%s: %w", inst.GetService(), inst.GetId(), err)
+	}
+	defer c.own.starting.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(c.ctx, cancel)() // Close ends the retries
 	b := &apiBackend{api: c.api}
+	var onChange func(lease.Status)
+	if opts.OnChange != nil {
+		onChange = func(st lease.Status) { opts.OnChange(registrationStatus(st)) }
+	}
 	k, err := lease.Start(ctx, b, inst, lease.Config{
-		TTL: opts.TTL, DrainGrace: opts.DrainGrace, OnChange: opts.OnChange, Logger: c.log,
+		TTL: opts.TTL, DrainGrace: opts.DrainGrace, OnChange: onChange, Logger: c.log,
 	})
 	if err != nil {
 		b.close()
+		if c.ctx.Err() != nil {
+			return nil, fmt.Errorf("register %s/%s: %w (last error: %w)", inst.GetService(), inst.GetId(), ErrClosed, err)
+		}
 		return nil, err
 	}
-	return &Registration{k: k, b: b}, nil
+	r := &Registration{c: c, k: k, b: b}
+	c.adoptRegistration(r)
+	return r, nil
 }
 
 // Status is the registration's current state; Status().Registered says
 // whether the instance is in the registry right now.
-func (r *Registration) Status() lease.Status { return r.k.Status() }
+func (r *Registration) Status() RegistrationStatus { return registrationStatus(r.k.Status()) }
 
 // Instance is the record as this registration writes it.
 func (r *Registration) Instance() *registryv1.Instance { return r.k.Instance() }
 
-// Drain marks the instance DRAINING: callers stop sending it new requests.
-func (r *Registration) Drain(ctx context.Context, reason string) error { return r.k.Drain(ctx, reason) }
+// Drain marks the instance DRAINING: callers stop sending it new
+// requests. After Close it returns ErrClosed.
+func (r *Registration) Drain(ctx context.Context, reason string) error {
+	return closedAs(r.k.Drain(ctx, reason))
+}
 
 // Serve marks the instance SERVING (after STARTING, or to undo Drain).
-func (r *Registration) Serve(ctx context.Context) error { return r.k.Serve(ctx) }
+// After Close it returns ErrClosed.
+func (r *Registration) Serve(ctx context.Context) error { return closedAs(r.k.Serve(ctx)) }
+
+// closedAs reports the keeper's ErrClosed as the SDK's.
+func closedAs(err error) error {
+	if errors.Is(err, lease.ErrClosed) {
+		return ErrClosed
+	}
+	return err
+}
 
 // Close drains, waits the drain grace, then deregisters and revokes the
-// lease. It is idempotent.
+// lease. It is idempotent; Client.Close calls it for a Registration still
+// open.
 func (r *Registration) Close(ctx context.Context) error {
 	err := r.k.Close(ctx)
 	r.b.close()
+	r.c.forgetRegistration(r)
 	return err
 }
 

@@ -253,11 +253,13 @@ func (c *Client) acquire(service string) (*Subscription, *rate.Limiter, func(), 
 	c.sharedMu.Lock()
 	defer c.sharedMu.Unlock()
 	if c.closed {
-		return nil, nil, nil, errClientClosed
+		return nil, nil, nil, ErrClosed
 	}
 	sh := c.shared[service]
 	if sh == nil {
-		sub, err := c.Subscribe(c.ctx, service, SubscribeOptions{})
+		// Stopped by the linger timer or by Client.Close, which stops
+		// it only after the registrations drained.
+		sub, err := c.Subscribe(context.Background(), service, SubscribeOptions{})
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -265,7 +267,9 @@ func (c *Client) acquire(service string) (*Subscription, *rate.Limiter, func(), 
 		c.shared[service] = sh
 	}
 	if sh.timer != nil {
-		sh.timer.Stop()
+		if sh.timer.Stop() {
+			c.own.lingers.Done() // it will not fire; one that fired sees refs > 0
+		}
 		sh.timer = nil
 	}
 	sh.refs++
@@ -280,7 +284,11 @@ func (c *Client) releaseShared(service string, sh *shared) {
 	if sh.refs > 0 || c.closed {
 		return
 	}
+	// Close waits for the timer's function if it fired (and stops it if
+	// not), so it never closes a subscription after Close returned.
+	c.own.lingers.Add(1)
 	sh.timer = time.AfterFunc(sharedLinger, func() {
+		defer c.own.lingers.Done()
 		c.sharedMu.Lock()
 		if sh.refs > 0 || c.shared[service] != sh {
 			c.sharedMu.Unlock()

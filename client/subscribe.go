@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/backoff"
 	"github.com/regcluster/registry/internal/chunk"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -147,7 +147,8 @@ func (s *Subscription) resync() {
 
 // Subscribe starts following service ("" for every service) and returns at
 // once; Ready tells when the first snapshot is in. The subscription lives
-// until Close or until ctx ends.
+// until its Close, the Client's Close, or until ctx ends; after the
+// Client's Close it returns ErrClosed.
 func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOptions) (*Subscription, error) {
 	if service != "" {
 		if err := record.ValidService(service); err != nil {
@@ -181,9 +182,15 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 		s.disk = d
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
+	if err := c.adoptSubscription(s); err != nil { // Client.Close stops it
+		s.cancel()
+		return nil, err
+	}
+	if s.disk != nil {
+		s.aux.Add(2) // before run starts: run waits for them, even if ctx already ended
+	}
 	go s.run(ctx) // subscribing starts now, whatever the disk holds
 	if s.disk != nil {
-		s.aux.Add(2)
 		go func() { defer s.aux.Done(); s.loadDisk() }()
 		go func() { defer s.aux.Done(); s.disk.run(s) }()
 	}
@@ -280,6 +287,7 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 
 func (s *Subscription) run(ctx context.Context) {
 	defer close(s.done)
+	defer s.c.forgetSubscription(s) // before done: Client.Close waits on done
 	if s.disk != nil {
 		defer func() {
 			close(s.disk.stop) // nothing is applied any more: the writer's last write
@@ -309,11 +317,7 @@ func (s *Subscription) run(ctx context.Context) {
 			attempt = 0
 		}
 		s.c.log.Debug("subscription stream ended; resuming", "service", s.service, "revision", s.cache.Revision(), "err", err)
-		d := s.opts.MinBackoff << min(attempt, 16)
-		if d > s.opts.MaxBackoff || d <= 0 {
-			d = s.opts.MaxBackoff
-		}
-		t := time.NewTimer(d/2 + rand.N(d/2+1))
+		t := time.NewTimer(backoff.Exponential{Min: s.opts.MinBackoff, Max: s.opts.MaxBackoff}.Delay(attempt))
 		select {
 		case <-t.C:
 		case <-s.wake:

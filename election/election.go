@@ -23,6 +23,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/regcluster/registry/internal/backoff"
 	"github.com/regcluster/registry/record"
 )
 
@@ -128,7 +129,7 @@ func (e *Election) Run(ctx context.Context, lead Lead) error {
 		if err != nil {
 			e.log.Warn("leadership term ended", "err", err)
 		}
-		wait := min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)
+		wait := termBackoff.Delay(attempt)
 		if errors.Is(err, ErrFenced) || err == nil {
 			wait, attempt = 0, 0
 		}
@@ -139,6 +140,10 @@ func (e *Election) Run(ctx context.Context, lead Lead) error {
 		}
 	}
 }
+
+// termBackoff spaces the terms after one that failed (jittered, so the
+// regnodes of a cluster that lost etcd together do not campaign in step).
+var termBackoff = backoff.Exponential{Min: 200 * time.Millisecond, Max: 2 * time.Second}
 
 // term is one session: campaign, lead, resign.
 func (e *Election) term(ctx context.Context, lead Lead) error {

@@ -444,7 +444,7 @@ func TestWatchSSE(t *testing.T) {
 // from the fan-out, which follows etcd a little behind).
 func (f *fixture) caughtUp(t *testing.T, rev int64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("the fan-out to reach revision %d", rev), func() bool { return f.rn.Node.Hub().Cache().Revision() >= rev })
+	f.rn.WaitRevision(t, rev)
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

@@ -6,12 +6,15 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/client"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
@@ -91,8 +94,30 @@ type Workload struct {
 }
 
 type reg struct {
-	r *client.Registration
-	c *client.Client // its own client, so a crash can cut it alone
+	r   *client.Registration
+	c   *client.Client // its own client, so a crash can cut it alone
+	cut *atomic.Bool   // set: every call of c fails, as if its process died
+}
+
+// crashable are the dial options of a client whose calls all fail once
+// cut is set: Client.Close would otherwise drain and deregister its
+// registration, which a crashed process cannot do.
+func crashable(cut *atomic.Bool) []grpc.DialOption {
+	errCut := status.Error(codes.Unavailable, "workload: the instance's process crashed")
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if cut.Load() {
+				return errCut
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			if cut.Load() {
+				return nil, errCut
+			}
+			return streamer(ctx, desc, cc, method, opts...)
+		}),
+	}
 }
 
 // NewWorkload prepares a workload whose registrations and operator go
@@ -135,7 +160,8 @@ func (w *Workload) Register(ctx context.Context) (string, error) {
 			return "", err
 		}
 	}
-	c, err := client.New(client.Config{Endpoints: w.endpoints})
+	cut := new(atomic.Bool)
+	c, err := client.New(client.Config{Endpoints: w.endpoints, DialOptions: crashable(cut)})
 	if err != nil {
 		return "", err
 	}
@@ -152,7 +178,7 @@ func (w *Workload) Register(ctx context.Context) (string, error) {
 	}
 	key := w.keys.Instance("orders", id)
 	w.mu.Lock()
-	w.regs[key] = &reg{r: r, c: c}
+	w.regs[key] = &reg{r: r, c: c, cut: cut}
 	w.Registered++
 	w.mu.Unlock()
 	return key, nil
@@ -199,11 +225,11 @@ func (w *Workload) Step(ctx context.Context) {
 	case roll < 50:
 		if key, r := w.pick(); r != nil {
 			// A crash: the process is gone, its lease expires on its own.
+			// Its calls fail from now on; Close stops the registration's
+			// loop without a drain or a deregister reaching regnode.
 			w.forget(key)
+			r.cut.Store(true)
 			r.c.Close()
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			r.r.Close(cctx) // stops the loop; its calls fail on the closed client
-			cancel()
 			w.mu.Lock()
 			w.Crashed++
 			w.mu.Unlock()

@@ -2,15 +2,18 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
-	"github.com/regcluster/registry/store"
 )
 
 // ErrLeaseLost is what Backend.KeepAlive wraps when the lease no longer
-// exists and the instance must be registered again.
-var ErrLeaseLost = store.ErrLeaseLost
+// exists and the instance must be registered again. It is the Backend's
+// contract: a backend translates its own finding into it (store's
+// LeaseBackend from store.ErrLeaseLost, the SDK's from KeepAlive's lost
+// answer).
+var ErrLeaseLost = errors.New("lease lost")
 
 // Grant is a successful registration.
 type Grant struct {
@@ -47,31 +50,4 @@ type Backend interface {
 	// Deregister deletes o's record if it is still under o.LeaseID, and
 	// revokes that lease.
 	Deregister(ctx context.Context, o Owner) error
-}
-
-// NewEtcdBackend returns a Backend that writes through s straight to etcd.
-func NewEtcdBackend(s *store.Store) Backend { return etcdBackend{s} }
-
-type etcdBackend struct{ s *store.Store }
-
-func (b etcdBackend) Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration, secret string) (Grant, error) {
-	r, err := b.s.RegisterAs(ctx, secret, inst, ttl)
-	if err != nil {
-		return Grant{}, err
-	}
-	return Grant{LeaseID: r.LeaseID, TTL: r.TTL, Revision: r.Revision, Secret: r.Secret}, nil
-}
-
-func (b etcdBackend) KeepAlive(ctx context.Context, o Owner) (time.Duration, error) {
-	return b.s.KeepAliveAs(ctx, o.Secret, o.Service, o.ID, o.LeaseID)
-}
-
-func (b etcdBackend) SetLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) error {
-	_, _, err := b.s.SetLifecycle(ctx, service, id, lc, reason)
-	return err
-}
-
-func (b etcdBackend) Deregister(ctx context.Context, o Owner) error {
-	_, _, err := b.s.DeregisterAs(ctx, o.Secret, o.Service, o.ID, o.LeaseID)
-	return err
 }

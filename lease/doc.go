@@ -9,7 +9,13 @@
 // lifecycle DRAINING is written first, the drain grace period lets
 // subscribers see it, then the key is deleted and the lease revoked.
 //
-// The loop is written once, against a Backend: NewEtcdBackend talks to etcd
-// directly (regnode, or any Go program holding an etcd client); the SDK
-// supplies a Backend that goes through regnode's API.
+// The loop is written once, against a Backend: store.NewLeaseBackend talks
+// to etcd directly (any Go program holding an etcd client); the SDK
+// supplies a Backend that goes through regnode's API. Package lease itself
+// imports nothing of etcd, so the SDK does not link it.
+//
+// The errors callers branch on (errors.Is): ErrClosed (a Keeper's
+// methods after Close) and ErrLeaseLost (the Backend's contract for a
+// lease that no longer exists); a Backend's record.ErrInvalid and
+// record.ErrAlreadyExists make Start fail at once instead of retrying.
 package lease

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/regcluster/registry/internal/backoff"
 	"github.com/regcluster/registry/internal/secret"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -164,24 +164,12 @@ func permanent(err error) bool {
 	return errors.Is(err, record.ErrInvalid) || errors.Is(err, record.ErrAlreadyExists)
 }
 
+// backoff is jittered: it spreads the retries of many instances.
 func (k *Keeper) backoff(attempt int) time.Duration {
-	d := k.cfg.MinBackoff << min(attempt, 20)
-	if d > k.cfg.MaxBackoff || d <= 0 {
-		d = k.cfg.MaxBackoff
-	}
-	return d/2 + rand.N(d/2+1) // jitter: spread retries of many instances
+	return backoff.Exponential{Min: k.cfg.MinBackoff, Max: k.cfg.MaxBackoff}.Delay(attempt)
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+var sleep = backoff.Sleep
 
 func (k *Keeper) register(ctx context.Context) error {
 	k.mu.Lock()

@@ -50,7 +50,7 @@ func TestRevokedLeaseComesBack(t *testing.T) {
 	s, cli := setup(t)
 	ctx := context.Background()
 	changes := make(chan lease.Status, 64)
-	k, err := lease.Start(ctx, lease.NewEtcdBackend(s), inst(), lease.Config{TTL: 3 * time.Second, DrainGrace: 100 * time.Millisecond,
+	k, err := lease.Start(ctx, store.NewLeaseBackend(s), inst(), lease.Config{TTL: 3 * time.Second, DrainGrace: 100 * time.Millisecond,
 		OnChange: func(st lease.Status) { changes <- st }})
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func TestRevokedLeaseComesBack(t *testing.T) {
 func TestDeregisteredBehindItsBackComesBack(t *testing.T) {
 	s, _ := setup(t)
 	ctx := context.Background()
-	k, err := lease.Start(ctx, lease.NewEtcdBackend(s), inst(), lease.Config{TTL: 2 * time.Second, DrainGrace: 50 * time.Millisecond})
+	k, err := lease.Start(ctx, store.NewLeaseBackend(s), inst(), lease.Config{TTL: 2 * time.Second, DrainGrace: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestDeregisteredBehindItsBackComesBack(t *testing.T) {
 func TestCloseDrainsThenDeletes(t *testing.T) {
 	s, cli := setup(t)
 	ctx := context.Background()
-	b := &watched{Backend: lease.NewEtcdBackend(s), drained: make(chan struct{}, 1)}
+	b := &watched{Backend: store.NewLeaseBackend(s), drained: make(chan struct{}, 1)}
 	k, err := lease.Start(ctx, b, inst(), lease.Config{TTL: 5 * time.Second, DrainGrace: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -245,18 +245,18 @@ func TestStartRefusesBadInputAndDuplicates(t *testing.T) {
 	ctx := context.Background()
 	bad := inst()
 	bad.Weight = 5000
-	if _, err := lease.Start(ctx, lease.NewEtcdBackend(s), bad, lease.Config{}); !errors.Is(err, record.ErrInvalid) {
+	if _, err := lease.Start(ctx, store.NewLeaseBackend(s), bad, lease.Config{}); !errors.Is(err, record.ErrInvalid) {
 		t.Fatalf("bad weight: %v", err)
 	}
-	if _, err := lease.Start(ctx, lease.NewEtcdBackend(s), inst(), lease.Config{TTL: 500 * time.Millisecond}); !errors.Is(err, record.ErrInvalid) {
+	if _, err := lease.Start(ctx, store.NewLeaseBackend(s), inst(), lease.Config{TTL: 500 * time.Millisecond}); !errors.Is(err, record.ErrInvalid) {
 		t.Fatalf("ttl 500ms: %v", err)
 	}
-	k, err := lease.Start(ctx, lease.NewEtcdBackend(s), inst(), lease.Config{DrainGrace: time.Millisecond})
+	k, err := lease.Start(ctx, store.NewLeaseBackend(s), inst(), lease.Config{DrainGrace: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	closeAtEnd(t, k)
-	if _, err := lease.Start(ctx, lease.NewEtcdBackend(s), inst(), lease.Config{}); !errors.Is(err, record.ErrAlreadyExists) {
+	if _, err := lease.Start(ctx, store.NewLeaseBackend(s), inst(), lease.Config{}); !errors.Is(err, record.ErrAlreadyExists) {
 		t.Fatalf("second owner of the same id: %v", err)
 	}
 	for _, prefix := range []string{s.Keys().Instances(), s.States()} {
@@ -272,7 +272,7 @@ func TestStartRefusesBadInputAndDuplicates(t *testing.T) {
 // the one that succeeds), and gives up only when ctx does.
 func TestStartGivesUpOnlyWithContext(t *testing.T) {
 	s, _ := setup(t)
-	fb := &flaky{Backend: lease.NewEtcdBackend(s), failFirst: 3}
+	fb := &flaky{Backend: store.NewLeaseBackend(s), failFirst: 3}
 	k, err := lease.Start(context.Background(), fb, inst(), lease.Config{DrainGrace: time.Millisecond, MinBackoff: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("start through 3 transient failures: %v", err)
@@ -283,7 +283,7 @@ func TestStartGivesUpOnlyWithContext(t *testing.T) {
 	if fb.calls != 4 {
 		t.Fatalf("%d registration attempts, want 3 failures and 1 success", fb.calls)
 	}
-	fb2 := &flaky{Backend: lease.NewEtcdBackend(s), failFirst: 1 << 30}
+	fb2 := &flaky{Backend: store.NewLeaseBackend(s), failFirst: 1 << 30}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel2()
 	if _, err := lease.Start(ctx2, fb2, inst(), lease.Config{}); !errors.Is(err, context.DeadlineExceeded) {
@@ -312,7 +312,7 @@ func (f *flaky) Register(ctx context.Context, in *registryv1.Instance, ttl time.
 // of meeting AlreadyExists, and the orphaned lease is revoked.
 func TestLostFirstAnswerIsStillOurs(t *testing.T) {
 	s, cli := setup(t)
-	lb := &lostAnswer{Backend: lease.NewEtcdBackend(s)}
+	lb := &lostAnswer{Backend: store.NewLeaseBackend(s)}
 	k, err := lease.Start(context.Background(), lb, inst(), lease.Config{DrainGrace: time.Millisecond, MinBackoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("start after a lost first answer: %v", err)

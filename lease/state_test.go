@@ -9,6 +9,7 @@ import (
 
 	"github.com/regcluster/registry/lease"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/store"
 )
 
 const draining = registryv1.Lifecycle_LIFECYCLE_DRAINING
@@ -19,7 +20,7 @@ const draining = registryv1.Lifecycle_LIFECYCLE_DRAINING
 func TestOperatorDrainSurvivesLostLease(t *testing.T) {
 	s, cli := setup(t)
 	ctx := context.Background()
-	k, err := lease.Start(ctx, lease.NewEtcdBackend(s), inst(), lease.Config{TTL: 3 * time.Second, DrainGrace: 100 * time.Millisecond})
+	k, err := lease.Start(ctx, store.NewLeaseBackend(s), inst(), lease.Config{TTL: 3 * time.Second, DrainGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func TestDrainWhileLostIsApplied(t *testing.T) {
 	s, cli := setup(t)
 	ctx := context.Background()
 	// Renewals far apart: the keeper notices the loss seconds later.
-	k, err := lease.Start(ctx, lease.NewEtcdBackend(s), inst(), lease.Config{TTL: 30 * time.Second, KeepAliveInterval: 2 * time.Second,
+	k, err := lease.Start(ctx, store.NewLeaseBackend(s), inst(), lease.Config{TTL: 30 * time.Second, KeepAliveInterval: 2 * time.Second,
 		DrainGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -20,7 +20,6 @@ import (
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/lease"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -544,7 +543,7 @@ func TestSDKRegistrationSurvivesRegnodeLoss(t *testing.T) {
 	ctx := context.Background()
 	var losses atomic.Int64
 	reg, err := c.Register(ctx, inst("orders", "o-1"), client.RegisterOptions{TTL: 4 * time.Second, DrainGrace: 50 * time.Millisecond,
-		OnChange: func(st lease.Status) {
+		OnChange: func(st client.RegistrationStatus) {
 			if !st.Registered {
 				losses.Add(1)
 			}

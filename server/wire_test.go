@@ -155,7 +155,7 @@ func TestWatchChunksEpochAndAhead(t *testing.T) {
 	api := newClient(t, rn.Addr).API()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	waitFor(t, 10*time.Second, "the regnode's view", func() bool { return rn.Node.Hub().Revision() >= last })
+	rn.WaitRevision(t, last)
 
 	ep, _, err := epoch.Read(ctx, rn.Etcd, epoch.Key(rn.Prefix))
 	if err != nil || ep == "" || ep != rn.Node.Hub().Epoch() {

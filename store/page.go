@@ -89,9 +89,8 @@ func (s *Store) ListPage(ctx context.Context, service string, cur Cursor, limit 
 	rr := resp.Responses[1].GetResponseRange()
 	used := 0
 	for i, kv := range rr.Kvs {
-		inst, err := s.keys.Decode(string(kv.Key), kv.Value, kv.CreateRevision, kv.ModRevision)
+		inst, err := s.decoder().Decode(kv)
 		if err != nil {
-			s.junk(string(kv.Key), err)
 			p.Skipped++
 			continue
 		}

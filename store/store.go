@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/regcluster/registry/internal/etcdread"
 	"github.com/regcluster/registry/internal/secret"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -88,11 +89,11 @@ func (s *Store) Keys() record.Keys { return s.keys }
 // Client is the etcd client the Store uses.
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
-func (s *Store) junk(key string, err error) {
-	s.log.Warn("skipping junk record under the registry prefix", "key", key, "err", err)
-	if s.onJunk != nil {
-		s.onJunk(key, err)
-	}
+func (s *Store) junk(key string, err error) { s.decoder().Junk(key, err) }
+
+// decoder is the Store's reader of records: it logs and reports junk.
+func (s *Store) decoder() etcdread.Decoder {
+	return etcdread.Decoder{Keys: s.keys, Log: s.log, OnJunk: s.onJunk}
 }
 
 // Registration is the outcome of a successful Register.
@@ -591,39 +592,22 @@ func (s *Store) List(ctx context.Context, service string) (insts []*registryv1.I
 }
 
 func (s *Store) list(ctx context.Context, prefix string) ([]*registryv1.Instance, int64, int, error) {
-	end := clientv3.GetPrefixRangeEnd(prefix)
 	var (
 		out     []*registryv1.Instance
-		rev     int64
 		skipped int
-		from    = prefix
 	)
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(s.page)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		resp, err := s.cli.Get(ctx, from, opts...)
-		if err != nil {
-			return nil, 0, 0, fmt.Errorf("list %s at revision %d: %w", prefix, rev, err)
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		for _, kv := range resp.Kvs {
-			inst, err := s.keys.Decode(string(kv.Key), kv.Value, kv.CreateRevision, kv.ModRevision)
-			if err != nil {
-				s.junk(string(kv.Key), err)
-				skipped++
-				continue
-			}
+	dec := s.decoder()
+	rev, _, err := etcdread.Range(ctx, s.cli, prefix, 0, s.page, func(kv *mvccpb.KeyValue) {
+		if inst, err := dec.Decode(kv); err != nil {
+			skipped++
+		} else {
 			out = append(out, inst)
 		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			return out, rev, skipped, nil
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	})
+	if err != nil {
+		return nil, 0, 0, err
 	}
+	return out, rev, skipped, nil
 }
 
 // CompactRevision returns the revision etcd has compacted up to (0 if it

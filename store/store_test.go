@@ -205,6 +205,8 @@ func mustEncode(t *testing.T, in *registryv1.Instance) string {
 func TestConcurrentUpdatesLoseNothing(t *testing.T) {
 	s, cli, _ := newStore(t)
 	ctx := context.Background()
+	// A TTL no run outlives, however loaded the machine: this is about
+	// compare-and-swap, not lease expiry.
 	reg, err := s.Register(ctx, inst("orders", "a"), time.Hour)
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -31,7 +30,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/backoff"
 	"github.com/regcluster/registry/internal/epoch"
+	"github.com/regcluster/registry/internal/etcdread"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -76,6 +77,7 @@ type Watcher struct {
 	keys   record.Keys
 	prefix string
 	log    *slog.Logger
+	dec    etcdread.Decoder // logs and reports junk
 
 	rev       int64  // last delivered revision
 	clusterID uint64 // cluster the last delivery came from
@@ -131,7 +133,8 @@ func New(cfg Config) (*Watcher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Watcher{cfg: cfg, keys: keys, prefix: prefix, log: cfg.Logger.With("watch", prefix)}, nil
+	log := cfg.Logger.With("watch", prefix)
+	return &Watcher{cfg: cfg, keys: keys, prefix: prefix, log: log, dec: etcdread.Decoder{Keys: keys, Log: log, OnJunk: cfg.OnJunk}}, nil
 }
 
 // Deliver receives batches in revision order, from Run's goroutine. An
@@ -194,23 +197,10 @@ func (w *Watcher) Run(ctx context.Context, deliver Deliver) error {
 }
 
 func (w *Watcher) backoff(attempt int) time.Duration {
-	d := w.cfg.MinBackoff << min(attempt, 16)
-	if d > w.cfg.MaxBackoff || d <= 0 {
-		d = w.cfg.MaxBackoff
-	}
-	return d/2 + rand.N(d/2+1)
+	return backoff.Exponential{Min: w.cfg.MinBackoff, Max: w.cfg.MaxBackoff}.Delay(attempt)
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+var sleep = backoff.Sleep
 
 // list reads the whole prefix at one revision and delivers it as a
 // snapshot (a reset if anything was delivered before). With EpochKey it
@@ -253,32 +243,18 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 // read lists the prefix page by page at one revision, and the epoch at the
 // same revision.
 func (w *Watcher) read(ctx context.Context) (insts []*registryv1.Instance, rev int64, cid uint64, ep string, newest mark, err error) {
-	from, end := w.prefix, clientv3.GetPrefixRangeEnd(w.prefix)
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(w.cfg.PageSize)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
+	rev, header, err := etcdread.Range(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.prefix, 0, w.cfg.PageSize, func(kv *mvccpb.KeyValue) {
+		if kv.ModRevision > newest.rev {
+			newest = markOf(kv)
 		}
-		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), from, opts...)
-		if err != nil {
-			return nil, 0, 0, "", mark{}, fmt.Errorf("list %s at revision %d: %w", w.prefix, rev, err)
+		if in := w.decode(kv); in != nil {
+			insts = append(insts, in)
 		}
-		if rev == 0 {
-			rev, cid = resp.Header.Revision, resp.Header.ClusterId
-		}
-		for _, kv := range resp.Kvs {
-			if kv.ModRevision > newest.rev {
-				newest = markOf(kv)
-			}
-			if in := w.decode(kv); in != nil {
-				insts = append(insts, in)
-			}
-		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			break
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	})
+	if err != nil {
+		return nil, 0, 0, "", mark{}, err
 	}
+	cid = header.ClusterId
 	if w.cfg.EpochKey != "" {
 		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), w.cfg.EpochKey, clientv3.WithRev(rev))
 		if err != nil {
@@ -308,13 +284,9 @@ func (w *Watcher) epochChanged(cid uint64, rev int64) bool {
 }
 
 func (w *Watcher) decode(kv *mvccpb.KeyValue) *registryv1.Instance {
-	in, err := w.keys.Decode(string(kv.Key), kv.Value, kv.CreateRevision, kv.ModRevision)
+	in, err := w.dec.Decode(kv)
 	if err != nil {
-		w.log.Warn("skipping junk record", "key", string(kv.Key), "err", err)
-		if w.cfg.OnJunk != nil {
-			w.cfg.OnJunk(string(kv.Key), err)
-		}
-		return nil
+		return nil // logged and reported
 	}
 	return in
 }

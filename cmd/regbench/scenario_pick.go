@@ -15,6 +15,7 @@ import (
 
 	"github.com/regcluster/registry/balance"
 	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/pickertap"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -98,7 +99,7 @@ func runPick(ctx context.Context, e *env) (*Result, error) {
 			regs = append(regs, g)
 		}
 		target := "registry:///" + service
-		chans := map[string]*pickerTap{}
+		chans := map[string]*pickertap.Tap{}
 		var p2cCC *grpc.ClientConn
 		for _, side := range []struct{ name, config string }{
 			{balance.Name + "_p2c", `{"picker":"p2c"}`},
@@ -116,7 +117,7 @@ func runPick(ctx context.Context, e *env) (*Result, error) {
 				cc, err = grpc.NewClient(target, grpc.WithResolvers(c.ResolverBuilder()),
 					grpc.WithTransportCredentials(insecure.NewCredentials()),
 					grpc.WithDisableServiceConfig(),
-					grpc.WithDefaultServiceConfig(tapServiceConfig(policy, side.config)))
+					grpc.WithDefaultServiceConfig(pickertap.ServiceConfig(policy, side.config)))
 			})
 			if err != nil {
 				return r, err
@@ -125,16 +126,16 @@ func runPick(ctx context.Context, e *env) (*Result, error) {
 			cc.Connect()
 			// Wait until the channel's picker spreads picks over all N
 			// subconns: every endpoint connected and in the picker.
-			var t *pickerTap
+			var t *pickertap.Tap
 			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 			err = waitFor(wctx, 10*time.Millisecond, func() bool {
 				if t == nil {
 					// Built once the resolver's first state arrives.
-					if t = tapOf(policy, cc.Target()); t == nil {
+					if t = pickertap.Of(policy, cc.Target()); t == nil {
 						return false
 					}
 				}
-				p, ok := t.ready()
+				p, ok := t.Ready()
 				return ok && distinctSubConns(ctx, p, 40*N) == N
 			})
 			wcancel()
@@ -168,7 +169,7 @@ func runPick(ctx context.Context, e *env) (*Result, error) {
 				if ctx.Err() != nil {
 					return r, ctx.Err()
 				}
-				p, ok := chans[name].ready()
+				p, ok := chans[name].Ready()
 				if !ok {
 					return r, fmt.Errorf("%s %s: channel no longer READY", cs, name)
 				}

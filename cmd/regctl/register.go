@@ -17,7 +17,6 @@ import (
 
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/view"
-	"github.com/regcluster/registry/lease"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -250,7 +249,7 @@ func runRegister(ctx context.Context, o *options, inst *registryv1.Instance, ttl
 	// Close reports the record gone through OnChange too: that is not a
 	// lost registration.
 	var closing atomic.Bool
-	onChange := func(st lease.Status) {
+	onChange := func(st client.RegistrationStatus) {
 		switch {
 		case closing.Load():
 		case !st.Registered:

@@ -374,11 +374,7 @@ func TestWatchTable(t *testing.T) {
 	rev := func(r int64) string { return "REV " + strconv.FormatInt(r, 10) + "  " }
 	// The regnode's fan-out follows etcd a moment behind a write's answer:
 	// the first snapshots below must be served from a view that has o-0.
-	for deadline := time.Now().Add(time.Minute); rn.Node.Hub().Cache().Revision() < r0.Revision; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the fan-out never reached revision %d", r0.Revision)
-		}
-	}
+	rn.WaitRevision(t, r0.Revision)
 
 	t.Run("table", func(t *testing.T) {
 		w := startWatch(t, "--endpoints", rn.Addr, "watch", "orders")

@@ -112,6 +112,21 @@ func start(t testing.TB, cfg node.Config, clientURL string) (*Regnode, error) {
 	return rn, nil
 }
 
+// WaitRevision waits until the regnode's fan-out has applied revision
+// rev, so that a Watch or List it serves from now on holds every write up
+// to rev (the fan-out follows etcd a moment behind a write's answer). It
+// fails t after a minute: only a broken regnode takes that long.
+func (rn *Regnode) WaitRevision(t testing.TB, rev int64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for rn.Node.Hub().Revision() < rev {
+		if time.Now().After(deadline) {
+			t.Fatalf("regnode %s: the fan-out is at revision %d, never reached %d", rn.Node.Name(), rn.Node.Hub().Revision(), rev)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // settle waits for the writes a regnode makes by itself on start, its
 // epoch key and its candidacy in the prober's election, so that a test
 // comparing etcd's revision before and after a call sees only the call's
