@@ -405,6 +405,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
 	), server.DecodeOptions()...)...)
 	registryv1.RegisterRegistryServer(n.grpc, api)
+	n.sweepHolds(api)
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
 	reflection.Register(n.grpc)

@@ -116,6 +116,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.Float64Var(&cfg.Limits.KeepAliveRate, "keepalive-rate", cfg.Limits.KeepAliveRate, "lease renewals per second per peer address")
 	f.IntVar(&cfg.Limits.KeepAliveBurst, "keepalive-burst", cfg.Limits.KeepAliveBurst, "renewals a peer may make at once before --keepalive-rate applies")
 	f.IntVar(&cfg.Limits.MaxStreams, "max-streams-per-peer", cfg.Limits.MaxStreams, "concurrent Watch and KeepAlive streams per peer address")
+	f.IntVar(&cfg.Limits.MaxRegistrations, "max-registrations-per-peer", cfg.Limits.MaxRegistrations, "registrations one peer address may hold through this regnode at once (each regnode counts its own; a restart forgets)")
 	f.StringVar(&cfg.OperatorDeregister, "operator-deregister", cfg.OperatorDeregister, "who may deregister without the registration's secret: loopback (callers on this host) or none")
 	// TLS of the API and the HTTP port: etcd's names and meanings.
 	f.StringVar(&cfg.TLS.CertFile, "cert-file", "", "serve the API and the metrics port over TLS with this certificate (PEM; re-read when it changes)")

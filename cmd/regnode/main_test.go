@@ -210,6 +210,7 @@ func TestBadConfigurationExits2(t *testing.T) {
 		{"zero write burst", nil, []string{"--write-burst", "0"}, "--write-burst"},
 		{"bad env stream cap", map[string]string{"REGNODE_MAX_STREAMS_PER_PEER": "0"}, nil, "--max-streams-per-peer"},
 		{"bad operator policy", nil, []string{"--operator-deregister", "anyone"}, "--operator-deregister"},
+		{"zero registrations cap", nil, []string{"--max-registrations-per-peer", "0"}, "--max-registrations-per-peer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.env, tc.args...)
