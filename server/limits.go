@@ -23,10 +23,10 @@ func LimitReason(limit string) string { return "LIMIT_" + strings.ToUpper(limit)
 // (deleted through another regnode, expired, revoked, or replaced under
 // another lease). See package peerlimit for what a restart forgets.
 
-// holdKey is the key registrations are counted under: the caller's, as
-// limit keys the rate limits (the peer's address; a token's name once
-// auth keys them).
-func (s *Server) holdKey(ctx context.Context) string { return peerlimit.Peer(ctx) }
+// limitKey is the key registrations and writes in flight are counted
+// under: the caller's, as limit keys the rate limits (the peer's address;
+// a token's name once auth keys them).
+func (s *Server) limitKey(ctx context.Context) string { return peerlimit.Peer(ctx) }
 
 // slot is a Register's claim on a registration slot; a nil slot (no
 // limits) does nothing.
@@ -38,7 +38,7 @@ func (s *Server) reserve(ctx context.Context, inst *registryv1.Instance) (slot, 
 	if s.cfg.Limits == nil {
 		return slot{}, nil
 	}
-	r, err := s.cfg.Limits.Reserve(s.holdKey(ctx), peerlimit.Instance{Service: inst.GetService(), ID: inst.GetId()})
+	r, err := s.cfg.Limits.Reserve(s.limitKey(ctx), peerlimit.Instance{Service: inst.GetService(), ID: inst.GetId()})
 	if err != nil {
 		var le *peerlimit.Error
 		if errors.As(err, &le) {
@@ -75,6 +75,19 @@ func (s *Server) lost(service, id string, lease int64) {
 	if s.cfg.Limits != nil {
 		s.cfg.Limits.Lost(peerlimit.Instance{Service: service, ID: id}, lease)
 	}
+}
+
+// enterWrite waits for a place among the caller's writes in flight (see
+// peerlimit.Limiter.EnterWrite); done ends the write. Its error is the
+// call's own context ending while it waited.
+func (s *Server) enterWrite(ctx context.Context) (done func(), err error) {
+	if s.cfg.Limits == nil {
+		return func() {}, nil
+	}
+	if done, err = s.cfg.Limits.EnterWrite(ctx, s.limitKey(ctx)); err != nil {
+		return nil, toStatus(err)
+	}
+	return done, nil
 }
 
 // SweepHolds releases the holds of every registration this regnode

@@ -238,6 +238,11 @@ func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) 
 	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
 		return nil, err
 	}
+	done, err := s.enterWrite(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if req.GetInstance() == nil {
 		return nil, invalid("instance", "must be set")
 	}
@@ -354,6 +359,11 @@ func (s *Server) deregister(ctx context.Context, req *registryv1.DeregisterReque
 	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
 		return nil, err
 	}
+	done, werr := s.enterWrite(ctx)
+	if werr != nil {
+		return nil, werr
+	}
+	defer done()
 	if err := record.ValidService(req.Service); err != nil {
 		return nil, toStatus(err)
 	}
@@ -423,6 +433,11 @@ func (s *Server) writeLifecycle(ctx context.Context, service, id string, lc regi
 	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
 		return nil, 0, err
 	}
+	done, err := s.enterWrite(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer done()
 	cctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	inst, rev, err := s.st.SetLifecycle(cctx, service, id, lc, reason)

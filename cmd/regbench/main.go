@@ -123,7 +123,7 @@ type config struct {
 	pickOps    int
 	pickRounds int
 
-	floodN, floodConc, floodCalls, floodInstances, floodCap int
+	floodN, floodConc, floodCalls, floodInstances, floodCap, floodInFlight int
 }
 
 func main() {
@@ -201,6 +201,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.floodCalls, "flood-calls", 500, "flood: the victim's Lists while idle (during the flood it lists until the flood is over)")
 	fs.IntVar(&c.floodInstances, "flood-instances", 50, "flood: instances of the victim's service")
 	fs.IntVar(&c.floodCap, "flood-cap", 0, "flood: registrations a peer may hold (0: the regnode's default)")
+	fs.IntVar(&c.floodInFlight, "flood-in-flight", 0, "flood: writes of a peer running at once (0: the regnode's default)")
 
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {

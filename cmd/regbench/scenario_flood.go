@@ -30,7 +30,8 @@ const (
 )
 
 // runFlood: what a flood of Registers from one peer costs another. One
-// regnode with the default per-peer limits (but for -flood-cap), on its
+// regnode with the default per-peer limits (but for -flood-cap and
+// -flood-in-flight), on its
 // own etcd (fsync on); the victim (127.0.0.1) lists its service, one call
 // after the other, first while nothing else runs (idle), then while the
 // attacker (127.0.0.2) sends a bounded flood of Registers as fast as its
@@ -44,6 +45,9 @@ func runFlood(ctx context.Context, e *env) (*Result, error) {
 	if cfg.floodCap > 0 {
 		limits.MaxRegistrations = cfg.floodCap
 	}
+	if cfg.floodInFlight > 0 {
+		limits.MaxWritesInFlight = cfg.floodInFlight
+	}
 	r.param("flood_registers", cfg.floodN)
 	r.param("flood_conc", cfg.floodConc)
 	r.param("victim_idle_calls", cfg.floodCalls)
@@ -51,6 +55,7 @@ func runFlood(ctx context.Context, e *env) (*Result, error) {
 	r.param("write_rate", limits.WriteRate)
 	r.param("write_burst", limits.WriteBurst)
 	r.param("max_registrations", limits.MaxRegistrations)
+	r.param("max_writes_in_flight", limits.MaxWritesInFlight)
 	r.param("fsync", true)
 	r.param("attacker", attackerIP)
 	r.param("victim", victimIP)

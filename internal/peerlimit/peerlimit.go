@@ -55,12 +55,16 @@ type Config struct {
 	// cluster of 1,000 instances on one host, plus half again for
 	// instances restarted under new ids while their old leases run out).
 	MaxRegistrations int
+	// MaxWritesInFlight is how many writes of one key run at once; more
+	// wait their turn in the regnode (default 16: at etcd latencies up to
+	// 30ms that still lets a key write faster than WriteRate).
+	MaxWritesInFlight int
 }
 
 // DefaultConfig is the limits of a regnode with no flags.
 func DefaultConfig() Config {
 	return Config{WriteRate: 500, WriteBurst: 2000, KeepAliveRate: 2000, KeepAliveBurst: 4000, MaxStreams: 4096,
-		MaxRegistrations: 1500}
+		MaxRegistrations: 1500, MaxWritesInFlight: 16}
 }
 
 // Unlimited limits nothing: for benchmarks of the registry's own cost
@@ -68,7 +72,7 @@ func DefaultConfig() Config {
 // a regnode others can reach.
 func Unlimited() Config {
 	return Config{WriteRate: math.Inf(1), WriteBurst: 1, KeepAliveRate: math.Inf(1), KeepAliveBurst: 1, MaxStreams: math.MaxInt,
-		MaxRegistrations: math.MaxInt}
+		MaxRegistrations: math.MaxInt, MaxWritesInFlight: math.MaxInt}
 }
 
 // Validate reports the first limit that cannot work, by its flag name.
@@ -86,6 +90,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--max-streams-per-peer %d must be at least 1", c.MaxStreams)
 	case c.MaxRegistrations < 1:
 		return fmt.Errorf("--max-registrations-per-peer %d must be at least 1", c.MaxRegistrations)
+	case c.MaxWritesInFlight < 1:
+		return fmt.Errorf("--max-writes-in-flight-per-peer %d must be at least 1", c.MaxWritesInFlight)
 	}
 	return nil
 }
@@ -125,9 +131,10 @@ type Limiter struct {
 }
 
 type bucket struct {
-	writes, renewals *rate.Limiter
-	streams          int
-	registrations    int // held, plus reserved by Registers in flight
+	rate, renewals *rate.Limiter
+	streams        int
+	registrations  int  // held, plus reserved by Registers in flight
+	writes         gate // in flight and waiting
 }
 
 // New returns a Limiter of cfg; it fails if cfg does not validate.
@@ -154,14 +161,14 @@ func (l *Limiter) get(p string) *bucket {
 	if l.mu.calls%sweepEvery == 0 {
 		now := time.Now()
 		for k, b := range l.mu.peers {
-			if b.streams == 0 && b.registrations == 0 && b.writes.TokensAt(now) >= float64(l.cfg.WriteBurst) && b.renewals.TokensAt(now) >= float64(l.cfg.KeepAliveBurst) {
+			if b.streams == 0 && b.registrations == 0 && b.writes.running == 0 && len(b.writes.waiting) == 0 && b.rate.TokensAt(now) >= float64(l.cfg.WriteBurst) && b.renewals.TokensAt(now) >= float64(l.cfg.KeepAliveBurst) {
 				delete(l.mu.peers, k)
 			}
 		}
 	}
 	b, ok := l.mu.peers[p]
 	if !ok {
-		b = &bucket{writes: rate.NewLimiter(rate.Limit(l.cfg.WriteRate), l.cfg.WriteBurst),
+		b = &bucket{rate: rate.NewLimiter(rate.Limit(l.cfg.WriteRate), l.cfg.WriteBurst),
 			renewals: rate.NewLimiter(rate.Limit(l.cfg.KeepAliveRate), l.cfg.KeepAliveBurst)}
 		l.mu.peers[p] = b
 	}
@@ -173,7 +180,7 @@ func (l *Limiter) get(p string) *bucket {
 func (l *Limiter) Write(p string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return take(l.get(p).writes, p, WriteRate, fmt.Sprintf("%g writes/s, burst %d", l.cfg.WriteRate, l.cfg.WriteBurst))
+	return take(l.get(p).rate, p, WriteRate, fmt.Sprintf("%g writes/s, burst %d", l.cfg.WriteRate, l.cfg.WriteBurst))
 }
 
 // KeepAlive takes one renewal from p's bucket, as Write does.
