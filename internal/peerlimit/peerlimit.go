@@ -1,9 +1,11 @@
 // Package peerlimit holds one caller's share of a regnode: per key,
 // token-bucket rate limits on writes (Register, Deregister, Drain,
 // Undrain) and on lease renewals, a cap on concurrent streams (Watch and
-// KeepAlive) and a cap on the registrations it holds (holds.go). One key
-// over its limits is refused; every other key keeps its own buckets and
-// counts, so a flood from one key starves no one else. The key is any
+// KeepAlive), a cap on the registrations it holds (holds.go) and a bound
+// on its writes in flight, past which they wait their turn (inflight.go).
+// One key over its limits is refused (or, in flight, made to wait); every
+// other key keeps its own buckets and counts, so a flood from one key
+// starves no one else. The key is any
 // string the caller chooses: the peer's IP address (Peer) when auth is
 // off, a token's name when it is on.
 package peerlimit
