@@ -73,3 +73,13 @@ func (l *Limiter) exit(b *bucket) func() {
 		})
 	}
 }
+
+// Waiting is how many writes of key wait for their turn now.
+func (l *Limiter) Waiting(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b, ok := l.mu.peers[key]; ok {
+		return len(b.writes.waiting)
+	}
+	return 0
+}

@@ -7,15 +7,6 @@ import (
 	"time"
 )
 
-func (l *Limiter) waitingOf(key string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if b, ok := l.mu.peers[key]; ok {
-		return len(b.writes.waiting)
-	}
-	return 0
-}
-
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -48,7 +39,7 @@ func TestWritesInFlight(t *testing.T) {
 	if _, err := l.EnterWrite(cancelled, "k"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a third write of a key capped at 2 in flight did not wait: %v", err)
 	}
-	if l.waitingOf("k") != 0 {
+	if l.Waiting("k") != 0 {
 		t.Fatal("a waiter whose context ended is still queued")
 	}
 	other, err := l.EnterWrite(cancelled, "other")
@@ -69,15 +60,15 @@ func TestWritesInFlight(t *testing.T) {
 			order <- i
 			dones <- d
 		}()
-		waitUntil(t, "the waiter to queue", func() bool { return l.waitingOf("k") == i+1 })
+		waitUntil(t, "the waiter to queue", func() bool { return l.Waiting("k") == i+1 })
 	}
 	d1()
 	d1() // once: lets one through, not two
 	if got := <-order; got != 0 {
 		t.Fatalf("waiter %d went first", got)
 	}
-	if l.waitingOf("k") != 1 {
-		t.Fatalf("%d waiting after one write ended, want 1", l.waitingOf("k"))
+	if l.Waiting("k") != 1 {
+		t.Fatalf("%d waiting after one write ended, want 1", l.Waiting("k"))
 	}
 	d2()
 	if got := <-order; got != 1 {
