@@ -35,7 +35,9 @@ test:
 
 ## bench: registration throughput, ours against raw etcd, side by side; one
 ## pick of our balancer against grpc's round_robin; then every regbench
-## scenario in its short form (table on stderr, JSON lines in bench.json)
+## scenario in its short form, flood included (a peer's List latency while
+## another floods Registers, against idle); table on stderr, JSON lines in
+## bench.json
 bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./server/
 	go test -run '^$$' -bench Pick -benchtime 200000x -count 1 ./balance/

@@ -28,6 +28,7 @@ import (
 
 	"github.com/regcluster/registry/election"
 	"github.com/regcluster/registry/health"
+	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
@@ -89,6 +90,23 @@ type Config struct {
 	// Limits are the per-peer rate limits and stream caps (zero:
 	// peerlimit.DefaultConfig()).
 	Limits peerlimit.Config
+	// MaxConcurrentStreams caps the streams (calls in flight, Watch and
+	// KeepAlive streams included) of one client connection to the API
+	// (--max-concurrent-streams, etcd's name; 0: DefaultMaxConcurrentStreams).
+	// It is HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a grpc-go client
+	// past it waits for a stream to end; a client that ignores it has
+	// the extra stream refused (RST_STREAM REFUSED_STREAM).
+	MaxConcurrentStreams uint32
+	// MaxRequestBytes caps one message a client sends to the API
+	// (--max-request-bytes, etcd's name; 0: DefaultMaxRequestBytes); a
+	// larger one is refused by grpc-go with ResourceExhausted before it
+	// is decoded.
+	MaxRequestBytes int
+	// MaxResponseBytes caps one message the API sends (--max-response-bytes;
+	// 0: DefaultMaxResponseBytes). List pages and Watch chunks are at most
+	// about chunk.MaxBytes, so it is a backstop, never met by a working
+	// regnode.
+	MaxResponseBytes int
 	// OperatorDeregister says who may Deregister without the
 	// registration's secret: "loopback" (default: callers on this host)
 	// or "none".
@@ -130,6 +148,31 @@ var (
 	keepaliveServer      = keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}
 )
 
+// The API's message and stream limits with no flags.
+//
+// Requests are small: the largest is a Register of one record of at most
+// record.MaxRecordSize (16 KiB) plus a secret and a TTL, so 64 KiB holds
+// any valid request four times over, and a client cannot make the regnode
+// buffer and decode megabytes (grpc-go's default is 4 MiB) to be told the
+// record is too large. Responses are bounded by chunk.MaxBytes (1 MiB) per
+// List page or Watch message; the send cap is what clients accept
+// (chunk.RecvLimit, 4 MiB), instead of grpc-go's unbounded default. The
+// streams of one connection are capped above the per-peer stream cap
+// (4096 Watch and KeepAlive streams), leaving room for unary calls in
+// flight: the SDK puts every registration's KeepAlive and every
+// subscription's Watch of a process on one connection.
+const (
+	DefaultMaxConcurrentStreams = 5000
+	DefaultMaxRequestBytes      = 64 << 10
+	DefaultMaxResponseBytes     = chunk.RecvLimit
+	// MinRequestBytes is the least --max-request-bytes can be: a Register
+	// of a record at record.MaxRecordSize must fit, with room to spare.
+	MinRequestBytes = 2 * record.MaxRecordSize
+	// MinResponseBytes is the least --max-response-bytes can be: a List
+	// page or Watch chunk (chunk.MaxBytes), with room to spare.
+	MinResponseBytes = 2 * chunk.MaxBytes
+)
+
 // DefaultConfig is `regnode` with no flags.
 func DefaultConfig() Config {
 	return Config{
@@ -143,6 +186,10 @@ func DefaultConfig() Config {
 		ProbeTimeout:  500 * time.Millisecond,
 		Thresholds:    health.DefaultThresholds(),
 		Limits:        peerlimit.DefaultConfig(),
+
+		MaxConcurrentStreams: DefaultMaxConcurrentStreams,
+		MaxRequestBytes:      DefaultMaxRequestBytes,
+		MaxResponseBytes:     DefaultMaxResponseBytes,
 
 		OperatorDeregister: "loopback",
 	}
@@ -184,6 +231,9 @@ func (c *Config) Validate() error {
 		if err := c.Limits.Validate(); err != nil {
 			return err
 		}
+	}
+	if err := c.validateAPILimits(); err != nil {
+		return err
 	}
 	if s := c.OperatorDeregister; s != "" && s != "loopback" && s != "none" {
 		return fmt.Errorf("--operator-deregister %q must be loopback or none", s)
@@ -242,6 +292,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = def.Prefix
 	}
+	cfg.defaultAPILimits()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -401,10 +452,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.grpc = grpc.NewServer(append(append(transport,
 		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
 		grpc.KeepaliveParams(keepaliveServer),
+		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		grpc.MaxRecvMsgSize(cfg.MaxRequestBytes),
+		grpc.MaxSendMsgSize(cfg.MaxResponseBytes),
 		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor(), n.noSpaceLog()),
 		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
 	), server.DecodeOptions()...)...)
 	registryv1.RegisterRegistryServer(n.grpc, api)
+	n.sweepHolds(api)
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
 	reflection.Register(n.grpc)

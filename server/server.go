@@ -23,6 +23,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/cache"
@@ -145,13 +146,19 @@ func toStatus(err error) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
-// limitedStatus is ResourceExhausted saying which limit, with
+// limitedStatus is ResourceExhausted saying which limit, in its message
+// and as an errdetails.ErrorInfo (reason LimitReason), with
 // errdetails.RetryInfo when waiting is what helps.
 func limitedStatus(err error) error {
 	st := status.New(codes.ResourceExhausted, err.Error())
 	var le *peerlimit.Error
-	if errors.As(err, &le) && le.RetryAfter > 0 {
-		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(le.RetryAfter)}); derr == nil {
+	if errors.As(err, &le) {
+		details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: LimitReason(le.Limit), Domain: ErrorDomain,
+			Metadata: map[string]string{"limit": le.Limit}}}
+		if le.RetryAfter > 0 {
+			details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(le.RetryAfter)})
+		}
+		if d, derr := st.WithDetails(details...); derr == nil {
 			st = d
 		}
 	}
@@ -231,6 +238,11 @@ func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) 
 	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
 		return nil, err
 	}
+	done, err := s.enterWrite(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if req.GetInstance() == nil {
 		return nil, invalid("instance", "must be set")
 	}
@@ -244,12 +256,18 @@ func (s *Server) register(ctx context.Context, req *registryv1.RegisterRequest) 
 			return nil, invalid("ttl", "0s is outside %s..%s (omit it for the default %s)", record.MinTTL, record.MaxTTL, record.DefaultTTL)
 		}
 	}
+	held, err := s.reserve(ctx, req.Instance)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	reg, err := s.st.RegisterAs(ctx, req.Secret, req.Instance, ttl)
 	if err != nil {
+		held.cancel()
 		return nil, toStatus(err)
 	}
+	held.granted(reg.LeaseID, reg.Revision)
 	if reg.Replaced {
 		s.m.ReRegistrations.Inc()
 	}
@@ -308,6 +326,7 @@ func (s *Server) KeepAlive(stream registryv1.Registry_KeepAliveServer) error {
 			return toStatus(err)
 		case errors.Is(err, store.ErrLeaseLost):
 			s.m.KeepAliveLost.Inc()
+			s.lost(req.Service, req.Id, req.LeaseId)
 			resp.Lost, resp.TtlSeconds = true, 0
 		case err != nil:
 			s.m.KeepAliveFailures.Inc()
@@ -340,6 +359,11 @@ func (s *Server) deregister(ctx context.Context, req *registryv1.DeregisterReque
 	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
 		return nil, err
 	}
+	done, werr := s.enterWrite(ctx)
+	if werr != nil {
+		return nil, werr
+	}
+	defer done()
 	if err := record.ValidService(req.Service); err != nil {
 		return nil, toStatus(err)
 	}
@@ -372,6 +396,7 @@ func (s *Server) deregister(ctx context.Context, req *registryv1.DeregisterReque
 	}
 	if deleted {
 		s.m.Deregistrations.Inc()
+		s.ended(req.Service, req.Id, rev)
 	}
 	return &registryv1.DeregisterResponse{Deleted: deleted, Revision: rev}, nil
 }
@@ -408,6 +433,11 @@ func (s *Server) writeLifecycle(ctx context.Context, service, id string, lc regi
 	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
 		return nil, 0, err
 	}
+	done, err := s.enterWrite(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer done()
 	cctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	inst, rev, err := s.st.SetLifecycle(cctx, service, id, lc, reason)

@@ -6,7 +6,7 @@
 // that matter are ratios that hold on a noisy machine.
 //
 //	regbench SCENARIO [flags]       SCENARIO: register, propagate, compaction,
-//	                                failover, fanout, resync, pick, or all
+//	                                failover, fanout, resync, pick, flood, or all
 //
 // It starts everything it needs itself (embedded etcd, regnodes via
 // node.Start, gRPC backends, subscribers; all on loopback), prints a
@@ -58,6 +58,7 @@ var scenarios = []scenario{
 	{"fanout", runFanout},
 	{"resync", runResync},
 	{"pick", runPick},
+	{"flood", runFlood},
 }
 
 // intList is a flag of comma-separated integers.
@@ -121,6 +122,8 @@ type config struct {
 	pickN      intList
 	pickOps    int
 	pickRounds int
+
+	floodN, floodConc, floodCalls, floodInstances, floodCap, floodInFlight int
 }
 
 func main() {
@@ -193,6 +196,13 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.pickOps, "pick-ops", 1000000, "pick: picks per measure")
 	fs.IntVar(&c.pickRounds, "pick-rounds", 5, "pick: alternating rounds (each side measured once per round)")
 
+	fs.IntVar(&c.floodN, "flood-registers", 2000, "flood: Registers the attacker sends")
+	fs.IntVar(&c.floodConc, "flood-conc", 64, "flood: the attacker's Registers in flight")
+	fs.IntVar(&c.floodCalls, "flood-calls", 500, "flood: the victim's Lists while idle (during the flood it lists until the flood is over)")
+	fs.IntVar(&c.floodInstances, "flood-instances", 50, "flood: instances of the victim's service")
+	fs.IntVar(&c.floodCap, "flood-cap", 0, "flood: registrations a peer may hold (0: the regnode's default)")
+	fs.IntVar(&c.floodInFlight, "flood-in-flight", 0, "flood: writes of a peer running at once (0: the regnode's default)")
+
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
@@ -238,6 +248,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 			"pick-endpoints":    "3,20",
 			"pick-ops":          "300000",
 			"pick-rounds":       "3",
+			"flood-calls":       "300",
 		}
 		for k, v := range short {
 			if !set[k] {

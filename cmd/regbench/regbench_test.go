@@ -36,6 +36,9 @@ var tiny = map[string][]string{
 	"fanout":   {"-fanout-subs", "8", "-fanout-rate", "20", "-fanout-duration", "300ms", "-propagate-instances", "4"},
 	"resync":   {"-resync-instances", "300", "-resync-repeats", "1"},
 	"pick":     {"-pick-endpoints", "2", "-pick-ops", "2000", "-pick-rounds", "1"},
+	// The default limits but a cap of 40 registrations: 120 Registers
+	// from the attacker are limited without thousands of etcd writes.
+	"flood": {"-flood-registers", "120", "-flood-conc", "8", "-flood-cap", "40", "-flood-calls", "20", "-flood-instances", "5"},
 }
 
 // fields are figures a scenario's JSON must hold, by path from the top
@@ -55,6 +58,11 @@ var fields = map[string][]field{
 		{"baseline/round_robin/N=2/ns_per_op", true}, {"baseline/round_robin/N=2/allocs_per_op", false},
 		{"baseline/round_robin/N=2/bytes_per_op", false},
 		{"ratio/round_robin/N=2/ns_per_op", true},
+	},
+	"flood": {
+		{"ours/attacker/accepted", true}, {"ours/attacker/limited", true}, {"ours/attacker/limited_registrations", true},
+		{"ours/victim_list/latency_ms/n", true}, {"baseline/idle/victim_list/latency_ms/n", true},
+		{"ratio/idle/victim_list/latency_ms/p99", true},
 	},
 	"failover": {
 		{"ours/B=2/calls", true}, {"ours/B=2/failed_calls", false}, {"ours/B=2/success_ratio", true},
@@ -93,6 +101,25 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 			t.Errorf("%s: no number at %s", scenario, f.path)
 		case f.positive && v <= 0, v < 0:
 			t.Errorf("%s: %s = %v, want > 0", scenario, f.path, v)
+		}
+	}
+	if scenario == "flood" {
+		// Counts, not durations: the attacker's flood is refused past its
+		// cap, all of it accounted for, and every call of the victim's
+		// succeeded, idle and during the flood.
+		sent, _ := at(obj, "ours/attacker/sent")
+		accepted, _ := at(obj, "ours/attacker/accepted")
+		limited, _ := at(obj, "ours/attacker/limited")
+		if sent != 120 || accepted+limited != sent || accepted > 40 {
+			t.Errorf("flood: attacker sent %v, %v accepted, %v limited; want 120 sent, at most the cap of 40 accepted, the rest limited", sent, accepted, limited)
+		}
+		for _, p := range []string{"ours/victim_list/failed", "baseline/idle/victim_list/failed"} {
+			if v, ok := at(obj, p); !ok || v != 0 {
+				t.Errorf("flood: %s = %v (present %v), want 0", p, v, ok)
+			}
+		}
+		if idle, _ := at(obj, "baseline/idle/victim_list/latency_ms/n"); idle != 20 {
+			t.Errorf("flood: %v idle Lists measured, want all 20", idle)
 		}
 	}
 	if scenario != "failover" {

@@ -116,6 +116,11 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.Float64Var(&cfg.Limits.KeepAliveRate, "keepalive-rate", cfg.Limits.KeepAliveRate, "lease renewals per second per peer address")
 	f.IntVar(&cfg.Limits.KeepAliveBurst, "keepalive-burst", cfg.Limits.KeepAliveBurst, "renewals a peer may make at once before --keepalive-rate applies")
 	f.IntVar(&cfg.Limits.MaxStreams, "max-streams-per-peer", cfg.Limits.MaxStreams, "concurrent Watch and KeepAlive streams per peer address")
+	f.IntVar(&cfg.Limits.MaxRegistrations, "max-registrations-per-peer", cfg.Limits.MaxRegistrations, "registrations one peer address may hold through this regnode at once (each regnode counts its own; a restart forgets)")
+	f.IntVar(&cfg.Limits.MaxWritesInFlight, "max-writes-in-flight-per-peer", cfg.Limits.MaxWritesInFlight, "writes of one peer address running at once; more wait their turn (none is refused for it)")
+	f.Uint32Var(&cfg.MaxConcurrentStreams, "max-concurrent-streams", cfg.MaxConcurrentStreams, "calls and streams in flight on one client connection to the API (HTTP/2 MAX_CONCURRENT_STREAMS; a client past it waits)")
+	f.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, fmt.Sprintf("largest message a client may send to the API (at least %d; larger: ResourceExhausted)", node.MinRequestBytes))
+	f.IntVar(&cfg.MaxResponseBytes, "max-response-bytes", cfg.MaxResponseBytes, fmt.Sprintf("largest message the API sends (at least %d; List pages and Watch chunks are about 1 MiB)", node.MinResponseBytes))
 	f.StringVar(&cfg.OperatorDeregister, "operator-deregister", cfg.OperatorDeregister, "who may deregister without the registration's secret: loopback (callers on this host) or none")
 	// TLS of the API and the HTTP port: etcd's names and meanings.
 	f.StringVar(&cfg.TLS.CertFile, "cert-file", "", "serve the API and the metrics port over TLS with this certificate (PEM; re-read when it changes)")

@@ -210,6 +210,11 @@ func TestBadConfigurationExits2(t *testing.T) {
 		{"zero write burst", nil, []string{"--write-burst", "0"}, "--write-burst"},
 		{"bad env stream cap", map[string]string{"REGNODE_MAX_STREAMS_PER_PEER": "0"}, nil, "--max-streams-per-peer"},
 		{"bad operator policy", nil, []string{"--operator-deregister", "anyone"}, "--operator-deregister"},
+		{"zero registrations cap", nil, []string{"--max-registrations-per-peer", "0"}, "--max-registrations-per-peer"},
+		{"zero writes in flight", map[string]string{"REGNODE_MAX_WRITES_IN_FLIGHT_PER_PEER": "0"}, nil, "--max-writes-in-flight-per-peer"},
+		{"tiny request cap", map[string]string{"REGNODE_MAX_REQUEST_BYTES": "1024"}, nil, "--max-request-bytes"},
+		{"tiny response cap", nil, []string{"--max-response-bytes", "1024"}, "--max-response-bytes"},
+		{"negative stream cap", nil, []string{"--max-concurrent-streams", "-1"}, "--max-concurrent-streams"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.env, tc.args...)

@@ -1,10 +1,13 @@
-// Package peerlimit holds one caller's share of a regnode: per peer
-// address, token-bucket rate limits on writes (Register, Deregister,
-// Drain, Undrain) and on lease renewals, and a cap on concurrent streams
-// (Watch and KeepAlive). One peer over its limits is refused; every other
-// peer keeps its own buckets, so a flood from one address starves no one
-// else. Until tokens land (issue 10) a peer is its IP address; with
-// tokens the same buckets can be keyed by token name.
+// Package peerlimit holds one caller's share of a regnode: per key,
+// token-bucket rate limits on writes (Register, Deregister, Drain,
+// Undrain) and on lease renewals, a cap on concurrent streams (Watch and
+// KeepAlive), a cap on the registrations it holds (holds.go) and a bound
+// on its writes in flight, past which they wait their turn (inflight.go).
+// One key over its limits is refused (or, in flight, made to wait); every
+// other key keeps its own buckets and counts, so a flood from one key
+// starves no one else. The key is any
+// string the caller chooses: the peer's IP address (Peer) when auth is
+// off, a token's name when it is on.
 package peerlimit
 
 import (
@@ -28,6 +31,7 @@ const (
 	WriteRate     = "write_rate"
 	KeepAliveRate = "keepalive_rate"
 	Streams       = "streams"
+	Registrations = "registrations"
 )
 
 // Config is the limits of one peer. DefaultConfig is generous enough
@@ -48,18 +52,29 @@ type Config struct {
 	// MaxStreams caps the concurrent Watch and KeepAlive streams of one
 	// peer (default 4096).
 	MaxStreams int
+	// MaxRegistrations caps the registrations one key holds on this
+	// regnode: granted by it and not yet ended (default 1500: a test
+	// cluster of 1,000 instances on one host, plus half again for
+	// instances restarted under new ids while their old leases run out).
+	MaxRegistrations int
+	// MaxWritesInFlight is how many writes of one key run at once; more
+	// wait their turn in the regnode (default 16: at etcd latencies up to
+	// 30ms that still lets a key write faster than WriteRate).
+	MaxWritesInFlight int
 }
 
 // DefaultConfig is the limits of a regnode with no flags.
 func DefaultConfig() Config {
-	return Config{WriteRate: 500, WriteBurst: 2000, KeepAliveRate: 2000, KeepAliveBurst: 4000, MaxStreams: 4096}
+	return Config{WriteRate: 500, WriteBurst: 2000, KeepAliveRate: 2000, KeepAliveBurst: 4000, MaxStreams: 4096,
+		MaxRegistrations: 1500, MaxWritesInFlight: 16}
 }
 
 // Unlimited limits nothing: for benchmarks of the registry's own cost
 // (thousands of registrations and subscribers from one host), never for
 // a regnode others can reach.
 func Unlimited() Config {
-	return Config{WriteRate: math.Inf(1), WriteBurst: 1, KeepAliveRate: math.Inf(1), KeepAliveBurst: 1, MaxStreams: math.MaxInt}
+	return Config{WriteRate: math.Inf(1), WriteBurst: 1, KeepAliveRate: math.Inf(1), KeepAliveBurst: 1, MaxStreams: math.MaxInt,
+		MaxRegistrations: math.MaxInt, MaxWritesInFlight: math.MaxInt}
 }
 
 // Validate reports the first limit that cannot work, by its flag name.
@@ -75,6 +90,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--keepalive-burst %d must be at least 1", c.KeepAliveBurst)
 	case c.MaxStreams < 1:
 		return fmt.Errorf("--max-streams-per-peer %d must be at least 1", c.MaxStreams)
+	case c.MaxRegistrations < 1:
+		return fmt.Errorf("--max-registrations-per-peer %d must be at least 1", c.MaxRegistrations)
+	case c.MaxWritesInFlight < 1:
+		return fmt.Errorf("--max-writes-in-flight-per-peer %d must be at least 1", c.MaxWritesInFlight)
 	}
 	return nil
 }
@@ -109,12 +128,15 @@ type Limiter struct {
 		sync.Mutex
 		peers map[string]*bucket
 		calls int
+		held  map[Instance]hold // the registrations this regnode granted and has not seen end
 	}
 }
 
 type bucket struct {
-	writes, renewals *rate.Limiter
-	streams          int
+	rate, renewals *rate.Limiter
+	streams        int
+	registrations  int  // held, plus reserved by Registers in flight
+	writes         gate // in flight and waiting
 }
 
 // New returns a Limiter of cfg; it fails if cfg does not validate.
@@ -124,6 +146,7 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{cfg: cfg}
 	l.mu.peers = map[string]*bucket{}
+	l.mu.held = map[Instance]hold{}
 	return l, nil
 }
 
@@ -133,20 +156,21 @@ func (l *Limiter) Config() Config { return l.cfg }
 // get returns p's bucket, making it on first use; l.mu is held. Every
 // sweepEvery calls it forgets peers that are idle: no stream open and
 // both buckets full, which is exactly the state of a new bucket, so
-// forgetting them changes no decision and bounds the map.
+// forgetting them changes no decision and bounds the map. A peer holding
+// registrations is not idle.
 func (l *Limiter) get(p string) *bucket {
 	l.mu.calls++
 	if l.mu.calls%sweepEvery == 0 {
 		now := time.Now()
 		for k, b := range l.mu.peers {
-			if b.streams == 0 && b.writes.TokensAt(now) >= float64(l.cfg.WriteBurst) && b.renewals.TokensAt(now) >= float64(l.cfg.KeepAliveBurst) {
+			if b.streams == 0 && b.registrations == 0 && b.writes.running == 0 && len(b.writes.waiting) == 0 && b.rate.TokensAt(now) >= float64(l.cfg.WriteBurst) && b.renewals.TokensAt(now) >= float64(l.cfg.KeepAliveBurst) {
 				delete(l.mu.peers, k)
 			}
 		}
 	}
 	b, ok := l.mu.peers[p]
 	if !ok {
-		b = &bucket{writes: rate.NewLimiter(rate.Limit(l.cfg.WriteRate), l.cfg.WriteBurst),
+		b = &bucket{rate: rate.NewLimiter(rate.Limit(l.cfg.WriteRate), l.cfg.WriteBurst),
 			renewals: rate.NewLimiter(rate.Limit(l.cfg.KeepAliveRate), l.cfg.KeepAliveBurst)}
 		l.mu.peers[p] = b
 	}
@@ -158,7 +182,7 @@ func (l *Limiter) get(p string) *bucket {
 func (l *Limiter) Write(p string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return take(l.get(p).writes, p, WriteRate, fmt.Sprintf("%g writes/s, burst %d", l.cfg.WriteRate, l.cfg.WriteBurst))
+	return take(l.get(p).rate, p, WriteRate, fmt.Sprintf("%g writes/s, burst %d", l.cfg.WriteRate, l.cfg.WriteBurst))
 }
 
 // KeepAlive takes one renewal from p's bucket, as Write does.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"testing"
 
 	"google.golang.org/grpc/peer"
@@ -21,6 +22,8 @@ func TestConfigValidate(t *testing.T) {
 		func(c *peerlimit.Config) { c.KeepAliveRate = -1 },
 		func(c *peerlimit.Config) { c.KeepAliveBurst = 0 },
 		func(c *peerlimit.Config) { c.MaxStreams = 0 },
+		func(c *peerlimit.Config) { c.MaxRegistrations = 0 },
+		func(c *peerlimit.Config) { c.MaxWritesInFlight = 0 },
 	} {
 		c := peerlimit.DefaultConfig()
 		bad(&c)
@@ -36,7 +39,7 @@ func TestConfigValidate(t *testing.T) {
 // One peer's flood is refused past its burst, with a retry hint and the
 // limit's name; another peer's bucket is its own.
 func TestWritesPerPeer(t *testing.T) {
-	l, err := peerlimit.New(peerlimit.Config{WriteRate: 0.001, WriteBurst: 3, KeepAliveRate: 1, KeepAliveBurst: 1, MaxStreams: 1})
+	l, err := peerlimit.New(peerlimit.Config{WriteRate: 0.001, WriteBurst: 3, KeepAliveRate: 1, KeepAliveBurst: 1, MaxStreams: 1, MaxRegistrations: 1, MaxWritesInFlight: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +69,7 @@ func TestWritesPerPeer(t *testing.T) {
 }
 
 func TestStreamsPerPeer(t *testing.T) {
-	l, err := peerlimit.New(peerlimit.Config{WriteRate: 1, WriteBurst: 1, KeepAliveRate: 1, KeepAliveBurst: 1, MaxStreams: 2})
+	l, err := peerlimit.New(peerlimit.Config{WriteRate: 1, WriteBurst: 1, KeepAliveRate: 1, KeepAliveBurst: 1, MaxStreams: 2, MaxRegistrations: 1, MaxWritesInFlight: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +108,9 @@ func TestUnlimited(t *testing.T) {
 		}
 		if _, err := l.OpenStream("a"); err != nil {
 			t.Fatalf("stream %d: %v", i, err)
+		}
+		if _, err := l.Reserve("a", peerlimit.Instance{Service: "s", ID: strconv.Itoa(i)}); err != nil {
+			t.Fatalf("registration %d: %v", i, err)
 		}
 	}
 }

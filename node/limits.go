@@ -1,0 +1,61 @@
+package node
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/regcluster/registry/server"
+)
+
+// holdSweepEvery is how often the registrations each key holds are
+// compared with the fan-out's view: a registration that ended without
+// passing through this regnode (expired, revoked, deregistered through
+// another regnode) frees its slot within about this long after the view
+// sees it end.
+const holdSweepEvery = time.Second
+
+// defaultAPILimits fills the API's message and stream limits left zero.
+func (c *Config) defaultAPILimits() {
+	if c.MaxConcurrentStreams == 0 {
+		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+}
+
+// validateAPILimits refuses message caps below what a working registry
+// sends: a Register of a record at its size cap, a List page or a Watch
+// chunk (0 means the default).
+func (c *Config) validateAPILimits() error {
+	if c.MaxRequestBytes != 0 && c.MaxRequestBytes < MinRequestBytes {
+		return fmt.Errorf("--max-request-bytes %d is below %d (twice the largest record)", c.MaxRequestBytes, MinRequestBytes)
+	}
+	if c.MaxResponseBytes != 0 && c.MaxResponseBytes < MinResponseBytes {
+		return fmt.Errorf("--max-response-bytes %d is below %d (twice a List page or Watch chunk)", c.MaxResponseBytes, MinResponseBytes)
+	}
+	return nil
+}
+
+// sweepHolds releases, every holdSweepEvery until Close, the registration
+// slots of registrations that ended without this regnode seeing the call
+// that ended them (see server.SweepHolds).
+func (n *Node) sweepHolds(api *server.Server) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		t := time.NewTicker(holdSweepEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-n.done:
+				return
+			case <-t.C:
+				api.SweepHolds()
+			}
+		}
+	}()
+}
