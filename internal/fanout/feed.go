@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"sync"
+	"weak"
 
 	"github.com/regcluster/registry/cache"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
@@ -21,8 +22,13 @@ type feed struct {
 	// snapMu serializes building snapshots of this feed, so that
 	// subscribers resetting together encode it once and share it.
 	snapMu sync.Mutex
-	body   *snapshotBody // the last snapshot body built
-	snaps  []*Unit       // snapshot units at one revision and epoch, by flags
+	// body is the last snapshot body built: the feed's instances, each
+	// encoded once (the feed's one copy of their wire form).
+	body *snapshotBody
+	// snaps are the snapshot units still being sent, at one revision and
+	// epoch, one per flags. Weak: a unit's chunks (a copy of the body)
+	// live only while some subscriber holds the unit.
+	snaps []weak.Pointer[Unit]
 }
 
 func newFeed(service string) *feed {
@@ -38,48 +44,42 @@ func (f *feed) snapshot(snap *cache.Snapshot, ep string, reset, newEpoch bool) (
 	f.snapMu.Lock()
 	defer f.snapMu.Unlock()
 	rev := snap.Revision()
-	for _, u := range f.snaps {
-		if u.b.Revision == rev && u.b.Epoch == ep && u.b.Reset == reset && u.b.NewEpoch == newEpoch {
-			return u, nil
+	live := f.snaps[:0]
+	var found *Unit
+	for _, w := range f.snaps {
+		u := w.Value()
+		if u == nil || u.b.Revision != rev || u.b.Epoch != ep {
+			continue // collected, or of another revision: never asked again
+		}
+		live = append(live, w)
+		if u.b.Reset == reset && u.b.NewEpoch == newEpoch {
+			found = u
 		}
 	}
-	var insts []*registryv1.Instance
+	clear(f.snaps[len(live):])
+	f.snaps = live
+	if found != nil {
+		return found, nil
+	}
+	var (
+		services [][]*registryv1.Instance
+		insts    []*registryv1.Instance
+	)
 	if f.service == "" {
+		for _, name := range snap.Services() {
+			services = append(services, snap.Instances(name))
+		}
 		insts = snap.All()
 	} else {
 		insts = snap.Instances(f.service)
+		services = [][]*registryv1.Instance{insts}
 	}
-	body := f.body
-	if body == nil || !sameInstances(body.insts, insts) {
-		var err error
-		if body, err = newBody(insts, f.body); err != nil {
-			return nil, err
-		}
-		f.body = body
+	body, err := newBody(services, f.body)
+	if err != nil {
+		return nil, err
 	}
+	f.body = body
 	u := &Unit{b: cache.Batch{Revision: rev, Epoch: ep, Snapshot: true, Reset: reset, NewEpoch: newEpoch, Instances: insts}, body: body}
-	if len(f.snaps) > 0 && (f.snaps[0].b.Revision != rev || f.snaps[0].b.Epoch != ep) {
-		clear(f.snaps)
-		f.snaps = f.snaps[:0]
-	}
-	f.snaps = append(f.snaps, u)
+	f.snaps = append(f.snaps, weak.Make(u))
 	return u, nil
-}
-
-// sameInstances reports whether a and b hold the same instances in the
-// same order. The cache shares a service's slice between snapshots until
-// a batch touches the service, so that case costs nothing.
-func sameInstances(a, b []*registryv1.Instance) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	if len(a) == 0 || &a[0] == &b[0] {
-		return true
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -232,20 +233,29 @@ func TestRelistResetsEverySubscriber(t *testing.T) {
 	}
 }
 
-// Subscribers joining and reading while transactions go in: each one's
-// view, built from its units alone, is the cache's at the end (no gap,
-// no duplicate, never back in time).
+// Subscribers joining and reading while transactions go in: each one
+// gets every transaction of its service after its first unit, as its own
+// unit at its revision (no gap, no duplicate, never back in time), and
+// its view, built from its units alone, is the cache's at the end.
 func TestConcurrentSubscribersSeeEveryTransaction(t *testing.T) {
-	const txns, subs = 300, 12
+	const txns, subs = 2000, 40
 	h, _ := testHub(t, 1<<20)
 	services := []string{"a", "b", "c", ""}
+	plan := make([]string, txns+2) // the service of each revision's transaction
+	for rev := 2; rev <= txns+1; rev++ {
+		plan[rev] = services[rand.IntN(3)]
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, subs)
 	for i := range subs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+			// Join somewhere in the middle of the writes.
+			join := int64(rand.IntN(txns))
+			for h.Revision() < join {
+				runtime.Gosched()
+			}
 			svc := services[i%len(services)]
 			s, err := h.Subscribe(context.Background(), svc, 0, "")
 			if err != nil {
@@ -262,9 +272,18 @@ func TestConcurrentSubscribersSeeEveryTransaction(t *testing.T) {
 					return
 				}
 				b := u.Batch()
-				if b.Revision < rev {
-					errs <- fmt.Errorf("%q went back from %d to %d", svc, rev, b.Revision)
+				if b.Revision < rev || b.Revision == rev && len(b.Events) > 0 {
+					errs <- fmt.Errorf("%q went from %d to %d (%d events)", svc, rev, b.Revision, len(b.Events))
 					return
+				}
+				if rev != 0 && !b.Snapshot {
+					// Every transaction of svc after rev comes as its own unit.
+					for r := rev + 1; r <= b.Revision; r++ {
+						if mine := svc == "" || plan[r] == svc; mine != (r == b.Revision && len(b.Events) > 0) {
+							errs <- fmt.Errorf("%q: at %d after %d, the transaction at %d (of %q) missed or misplaced", svc, b.Revision, rev, r, plan[r])
+							return
+						}
+					}
 				}
 				rev = b.Revision
 				if b.Snapshot {
@@ -297,12 +316,53 @@ func TestConcurrentSubscribersSeeEveryTransaction(t *testing.T) {
 		}()
 	}
 	for rev := int64(2); rev <= txns+1; rev++ {
-		svc := services[rand.IntN(3)]
-		mustApply(t, h, cache.Batch{Revision: rev, Events: []cache.Event{put(svc, fmt.Sprint("i", rand.IntN(10)), int(rev))}})
+		mustApply(t, h, cache.Batch{Revision: rev, Events: []cache.Event{put(plan[rev], fmt.Sprint("i", rand.IntN(10)), int(rev))}})
+		if rev%50 == 0 {
+			runtime.Gosched()
+		}
 	}
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// Subscribers joining at one revision share one snapshot unit; one
+// joining later, after other services changed, gets a new unit framed
+// from the same stored instance bytes.
+func TestSnapshotsShareStoredBytes(t *testing.T) {
+	h, _ := testHub(t, 16, inst("orders", "a", 1), inst("orders", "b", 1), inst("users", "u", 1))
+	u1, u2 := next(t, subscribe(t, h, "orders", 0)), next(t, subscribe(t, h, "orders", 0))
+	if u1 != u2 {
+		t.Fatal("two subscribers at one revision got two snapshot units")
+	}
+	a1, a2 := next(t, subscribe(t, h, "", 0)), next(t, subscribe(t, h, "", 0))
+	if a1 != a2 || len(a1.Batch().Instances) != 3 {
+		t.Fatalf("all-services snapshots: shared %v, %d instances", a1 == a2, len(a1.Batch().Instances))
+	}
+	mustApply(t, h, cache.Batch{Revision: 2, Events: []cache.Event{put("users", "u", 2)}})
+	u3 := next(t, subscribe(t, h, "orders", 0))
+	if u3 == u1 || u3.Revision() != 2 {
+		t.Fatalf("snapshot after a change: revision %d, same unit %v", u3.Revision(), u3 == u1)
+	}
+	if u3.body.parts[0] != u1.body.parts[0] {
+		t.Fatal("orders did not change, and its instances were encoded again")
+	}
+	a3 := next(t, subscribe(t, h, "", 0))
+	if a3.body.parts[0] != a1.body.parts[0] || a3.body.parts[1] == a1.body.parts[1] {
+		t.Fatal("the all-services snapshot did not reuse exactly the unchanged service")
+	}
+	c1, _ := u1.Chunks()
+	c3, _ := u3.Chunks()
+	var r1, r3 registryv1.WatchResponse
+	if err := proto.Unmarshal(c1[0], &r1); err != nil {
+		t.Fatal(err)
+	}
+	if err := proto.Unmarshal(c3[0], &r3); err != nil {
+		t.Fatal(err)
+	}
+	if r3.Revision != 2 || r1.Revision != 1 || !proto.Equal(r1.GetSnapshot(), r3.GetSnapshot()) {
+		t.Fatalf("snapshots at 1 and 2 differ beyond their revision: %v / %v", &r1, &r3)
 	}
 }

@@ -111,29 +111,69 @@ const (
 
 // snapshotBody is the instances of one snapshot, each already encoded as
 // an element of Snapshot.instances (tag, length, the Instance's bytes), in
-// snapshot order. Elements are reused from the previous body of the same
-// feed for every instance the cache still holds unchanged (the cache
-// shares the *Instance of an unchanged record between its snapshots), so a
-// snapshot costs one encoding per changed instance, not one per instance,
-// and the chunks of a snapshot are copies of stored bytes.
+// snapshot order: one part per service. A part is reused whole from the
+// previous body of the same feed when the cache still holds the service
+// unchanged (the cache shares a service's slice between its snapshots
+// until a batch touches it), and element by element otherwise (the cache
+// shares the *Instance of an unchanged record), so a snapshot costs one
+// encoding per changed instance, not one per instance, and its chunks are
+// copies of stored bytes.
 type snapshotBody struct {
+	parts []*bodyPart
+	n     int // instances in all
+}
+
+// bodyPart is the encoded instances of one service.
+type bodyPart struct {
 	insts []*registryv1.Instance
 	elems [][]byte
 }
 
-// newBody encodes insts, reusing the elements of prev (nil: none).
-func newBody(insts []*registryv1.Instance, prev *snapshotBody) (*snapshotBody, error) {
-	var old map[*registryv1.Instance][]byte
-	if prev != nil && len(prev.insts) > 0 {
-		old = make(map[*registryv1.Instance][]byte, len(prev.insts))
-		for i, in := range prev.insts {
-			old[in] = prev.elems[i]
+// newBody encodes the instances of services (one slice per service, in
+// snapshot order), reusing what prev (nil: none) already encoded.
+func newBody(services [][]*registryv1.Instance, prev *snapshotBody) (*snapshotBody, error) {
+	b := &snapshotBody{parts: make([]*bodyPart, 0, len(services))}
+	k := 0 // prev.parts before k are behind the current service
+	for _, insts := range services {
+		if len(insts) == 0 {
+			continue
+		}
+		var old *bodyPart
+		if prev != nil {
+			// Both are sorted by service: advance to this one's part.
+			for k < len(prev.parts) && prev.parts[k].insts[0].Service < insts[0].Service {
+				k++
+			}
+			if k < len(prev.parts) && prev.parts[k].insts[0].Service == insts[0].Service {
+				old = prev.parts[k]
+			}
+		}
+		p, err := newPart(insts, old)
+		if err != nil {
+			return nil, err
+		}
+		b.parts = append(b.parts, p)
+		b.n += len(insts)
+	}
+	return b, nil
+}
+
+// newPart encodes insts, all of one service, reusing old's elements.
+func newPart(insts []*registryv1.Instance, old *bodyPart) (*bodyPart, error) {
+	if old != nil && sameInstances(old.insts, insts) {
+		return old, nil
+	}
+	var reuse map[*registryv1.Instance][]byte
+	if old != nil {
+		reuse = make(map[*registryv1.Instance][]byte, len(old.insts))
+		for i, in := range old.insts {
+			reuse[in] = old.elems[i]
 		}
 	}
-	b := &snapshotBody{insts: insts, elems: make([][]byte, len(insts))}
+	p := &bodyPart{insts: insts, elems: make([][]byte, len(insts))}
 	for i, in := range insts {
-		if e, ok := old[in]; ok {
-			b.elems[i] = e
+		if e, ok := reuse[in]; ok {
+			p.elems[i] = e
 			continue
 		}
 		raw, err := proto.Marshal(in)
@@ -142,9 +182,35 @@ func newBody(insts []*registryv1.Instance, prev *snapshotBody) (*snapshotBody, e
 		}
 		e := make([]byte, 0, chunk.Cost(len(raw)))
 		e = protowire.AppendTag(e, fieldSnapInstances, protowire.BytesType)
-		b.elems[i] = protowire.AppendBytes(e, raw)
+		p.elems[i] = protowire.AppendBytes(e, raw)
 	}
-	return b, nil
+	return p, nil
+}
+
+// sameInstances reports whether a and b hold the same instances in the
+// same order; when the cache shared the slice, at no cost.
+func sameInstances(a, b []*registryv1.Instance) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// each calls f with every element, in snapshot order.
+func (sb *snapshotBody) each(f func(e []byte)) {
+	for _, p := range sb.parts {
+		for _, e := range p.elems {
+			f(e)
+		}
+	}
 }
 
 // chunks frames the body as WatchResponse snapshot chunks of at most
@@ -161,25 +227,29 @@ func (sb *snapshotBody) chunks(b cache.Batch, maxBytes int) [][]byte {
 		head += 1 + protowire.SizeBytes(len(b.Epoch))
 	}
 	head += 1 + snapshotFlagsAtMost
-	var out [][]byte
-	start, used := 0, 0
-	flush := func(end int, more bool) {
-		out = append(out, sb.frame(b, start, end, used, more))
-		start, used = end, 0
-	}
-	for i, e := range sb.elems {
-		inner := used + len(e) + snapshotFlagsAtMost
-		if i > start && head+protowire.SizeVarint(uint64(inner))+used+len(e) > maxBytes {
-			flush(i, true)
+	var (
+		out   [][]byte
+		cur   [][]byte // the elements of the chunk being filled
+		used  int      // their size
+		flush = func(more bool) {
+			out = append(out, frame(b, cur, used, more))
+			cur, used = cur[:0], 0
 		}
+	)
+	sb.each(func(e []byte) {
+		inner := used + len(e) + snapshotFlagsAtMost
+		if len(cur) > 0 && head+protowire.SizeVarint(uint64(inner))+used+len(e) > maxBytes {
+			flush(true)
+		}
+		cur = append(cur, e)
 		used += len(e)
-	}
-	flush(len(sb.elems), false)
+	})
+	flush(false)
 	return out
 }
 
-// frame writes one chunk: elements [start, end) of size used in all.
-func (sb *snapshotBody) frame(b cache.Batch, start, end, used int, more bool) []byte {
+// frame writes one chunk of elems, of size used in all.
+func frame(b cache.Batch, elems [][]byte, used int, more bool) []byte {
 	inner := used
 	for _, f := range []bool{b.Reset, b.NewEpoch, more} {
 		if f {
@@ -200,7 +270,7 @@ func (sb *snapshotBody) frame(b cache.Batch, start, end, used int, more bool) []
 	}
 	w = protowire.AppendTag(w, fieldWatchSnapshot, protowire.BytesType)
 	w = protowire.AppendVarint(w, uint64(inner))
-	for _, e := range sb.elems[start:end] {
+	for _, e := range elems {
 		w = append(w, e...)
 	}
 	for _, f := range []struct {

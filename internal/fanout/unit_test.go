@@ -29,7 +29,7 @@ func TestSnapshotChunksFromStoredBytes(t *testing.T) {
 		insts = append(insts, sized(i, (i*397)%1500))
 	}
 	insts = append(insts, sized(99, 5000)) // larger than a chunk: goes alone
-	body, err := newBody(insts, nil)
+	body, err := newBody([][]*registryv1.Instance{insts}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +73,19 @@ func TestSnapshotChunksFromStoredBytes(t *testing.T) {
 			}
 		}
 	}
+	// Every bound, not one: a framing a few bytes off shows at some.
+	flags := cache.Batch{Revision: 1 << 40, Epoch: "e-1234", Snapshot: true, Reset: true, NewEpoch: true}
+	for max := 1600; max < 1900; max++ {
+		for i, c := range body.chunks(flags, max) {
+			if len(c) <= max {
+				continue
+			}
+			var r registryv1.WatchResponse
+			if err := proto.Unmarshal(c, &r); err != nil || len(r.GetSnapshot().GetInstances()) > 1 {
+				t.Fatalf("bound %d: chunk %d is %d bytes (%v)", max, i, len(c), err)
+			}
+		}
+	}
 	// An empty snapshot is one chunk.
 	empty, _ := newBody(nil, nil)
 	if c := empty.chunks(cache.Batch{Revision: 3, Epoch: "e", Snapshot: true}, maxBytes); len(c) != 1 {
@@ -81,29 +94,41 @@ func TestSnapshotChunksFromStoredBytes(t *testing.T) {
 }
 
 // A body reuses the stored bytes of every instance the cache still holds
-// unchanged, and encodes the changed ones.
+// unchanged, and of every service it holds unchanged, and encodes the
+// changed ones.
 func TestBodyReusesUnchangedInstances(t *testing.T) {
 	a, b, c := sized(1, 10), sized(2, 10), sized(3, 10)
-	first, err := newBody([]*registryv1.Instance{a, b}, nil)
+	users := []*registryv1.Instance{inst("users", "u1", 1), inst("users", "u2", 1)}
+	first, err := newBody([][]*registryv1.Instance{{a, b}, users}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b2 := sized(2, 20)
-	second, err := newBody([]*registryv1.Instance{a, b2, c}, first)
+	second, err := newBody([][]*registryv1.Instance{{a, b2, c}, users}, first)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if &second.elems[0][0] != &first.elems[0][0] {
+	if &second.parts[0].elems[0][0] != &first.parts[0].elems[0][0] {
 		t.Fatal("an unchanged instance was encoded again")
 	}
-	if &second.elems[1][0] == &first.elems[1][0] {
+	if &second.parts[0].elems[1][0] == &first.parts[0].elems[1][0] {
 		t.Fatal("a changed instance kept its old bytes")
+	}
+	if second.parts[1] != first.parts[1] {
+		t.Fatal("an unchanged service was encoded again")
 	}
 	var r registryv1.WatchResponse
 	if err := proto.Unmarshal(second.chunks(cache.Batch{Revision: 5, Snapshot: true}, chunk.MaxBytes)[0], &r); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.GetSnapshot().GetInstances(); len(got) != 3 || !proto.Equal(got[1], b2) {
-		t.Fatalf("second body decodes to %v", got)
+	got := r.GetSnapshot().GetInstances()
+	want := []*registryv1.Instance{a, b2, c, users[0], users[1]}
+	if len(got) != len(want) {
+		t.Fatalf("second body decodes to %d instances, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Fatalf("instance %d decodes to %v, want %v", i, got[i], want[i])
+		}
 	}
 }
