@@ -77,6 +77,6 @@ func BenchmarkDeliver(b *testing.B) {
 func benchInst(i, v int) *registryv1.Instance {
 	return &registryv1.Instance{Service: "orders", Id: fmt.Sprintf("o-%02d", i), Address: "10.0.0.1:8080", Zone: "z1",
 		Version: fmt.Sprint("v", v), Weight: 100, Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING,
-		Metadata: map[string]string{"team": "core", "build": "2026-12-01T12:00:00Z", "region": "eu-west-1"},
+		Metadata:    map[string]string{"team": "core", "build": "2026-12-01T12:00:00Z", "region": "eu-west-1"},
 		ModRevision: int64(v + 2), CreateRevision: 2}
 }
