@@ -32,6 +32,9 @@ type Sub struct {
 	closeOnce sync.Once
 }
 
+// Service is the service the subscriber follows ("" for all).
+func (s *Sub) Service() string { return s.f.service }
+
 // push queues one transaction's unit. Called with s.f.mu held.
 func (s *Sub) push(u *Unit) {
 	s.mu.Lock()
