@@ -81,7 +81,7 @@ func next(t testing.TB, s *Sub) *Unit {
 func queued(s *Sub) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.mu.queue)
+	return len(s.mu.queue) - s.mu.head
 }
 
 // A transaction is one unit per service, shared by every subscriber of

@@ -24,7 +24,8 @@ type Sub struct {
 
 	mu struct {
 		sync.Mutex
-		queue     []*Unit
+		queue     []*Unit // units from head on are still to send
+		head      int
 		needReset bool
 		newEpoch  bool
 		err       error
@@ -42,9 +43,9 @@ func (s *Sub) push(u *Unit) {
 	if s.mu.needReset || s.mu.err != nil {
 		return // the reset snapshot will cover it
 	}
-	if len(s.mu.queue) >= s.h.cfg.QueueSize {
-		clear(s.mu.queue)
-		s.mu.queue, s.mu.needReset = nil, true
+	if len(s.mu.queue)-s.mu.head >= s.h.cfg.QueueSize {
+		s.drop()
+		s.mu.needReset = true
 		s.h.resetSent("slow-subscriber")
 		s.wake()
 		return
@@ -61,10 +62,16 @@ func (s *Sub) reset(reason string, newEpoch bool) {
 	if !s.mu.needReset {
 		s.h.resetSent(reason)
 	}
-	clear(s.mu.queue)
-	s.mu.queue, s.mu.needReset = nil, true
+	s.drop()
+	s.mu.needReset = true
 	s.mu.newEpoch = s.mu.newEpoch || newEpoch
 	s.wake()
+}
+
+// drop discards the queue. Called with s.mu held.
+func (s *Sub) drop() {
+	clear(s.mu.queue)
+	s.mu.queue, s.mu.head = nil, 0
 }
 
 func (s *Sub) wake() {
@@ -106,7 +113,8 @@ func (s *Sub) Next(ctx context.Context) (*Unit, error) {
 		}
 		if s.mu.needReset {
 			newEpoch := s.mu.newEpoch
-			s.mu.needReset, s.mu.newEpoch, s.mu.queue = false, false, nil
+			s.mu.needReset, s.mu.newEpoch = false, false
+			s.drop()
 			s.mu.Unlock()
 			// Taken after clearing the flag: every transaction the hub
 			// applies from now on is either in this snapshot or queued
@@ -119,10 +127,14 @@ func (s *Sub) Next(ctx context.Context) (*Unit, error) {
 			s.sent, s.epoch = u.b.Revision, ep
 			return u, nil
 		}
-		for len(s.mu.queue) > 0 {
-			u := s.mu.queue[0]
-			s.mu.queue[0] = nil
-			s.mu.queue = s.mu.queue[1:]
+		for s.mu.head < len(s.mu.queue) {
+			u := s.mu.queue[s.mu.head]
+			s.mu.queue[s.mu.head] = nil
+			s.mu.head++
+			if s.mu.head == len(s.mu.queue) {
+				// Drained: refill the same array from its start.
+				s.mu.queue, s.mu.head = s.mu.queue[:0], 0
+			}
 			// Skip what the last unit already covered.
 			if u.b.Revision <= s.sent {
 				continue

@@ -3,6 +3,7 @@ package fanout
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -29,9 +30,10 @@ type Unit struct {
 	// elements of Snapshot.instances (see snapshotBody); nil otherwise.
 	body *snapshotBody
 
-	once   sync.Once
-	chunks [][]byte
-	err    error
+	once    sync.Once
+	encoded atomic.Bool // once has run: the fast path, without a closure
+	chunks  [][]byte
+	err     error
 }
 
 // Batch is the unit's content: Revision and Epoch always; Snapshot, Reset,
@@ -57,7 +59,12 @@ func (u *Unit) Revision() int64 { return u.b.Revision }
 // is protowire.AppendTag(b, N, protowire.BytesType) followed by
 // protowire.AppendBytes of a chunk.
 func (u *Unit) Chunks() ([][]byte, error) {
-	u.once.Do(func() { u.chunks, u.err = u.encode(chunk.MaxBytes) })
+	if !u.encoded.Load() {
+		u.once.Do(func() {
+			u.chunks, u.err = u.encode(chunk.MaxBytes)
+			u.encoded.Store(true)
+		})
+	}
 	return u.chunks, u.err
 }
 
