@@ -653,11 +653,11 @@ func (s *Server) countInstances(ctx context.Context) (*registryv1.InstanceCounts
 // CountSnapshot tallies the instances of a cache snapshot, as Count does,
 // without copying them.
 func CountSnapshot(snap *cache.Snapshot) *registryv1.InstanceCounts {
-	c := &registryv1.InstanceCounts{}
-	for _, svc := range snap.Services() {
+	services := snap.Services()
+	c := &registryv1.InstanceCounts{Services: int64(len(services))}
+	for _, svc := range services {
 		tally(c, snap.Instances(svc))
 	}
-	c.Services = int64(len(snap.Services()))
 	return c
 }
 

@@ -60,8 +60,9 @@ type Config struct {
 	// RingSize bounds the recent events kept for resuming subscribers
 	// (default 10000).
 	RingSize int
-	// QueueSize bounds each subscriber's queue of messages; a subscriber
-	// that falls further behind is reset (default 1024).
+	// QueueSize bounds each subscriber's queue: the transactions of its
+	// service not yet sent (progress is never queued); a subscriber that
+	// falls further behind is reset (default 1024).
 	QueueSize int
 	// CatchUpTimeout bounds how long a subscriber ahead of this regnode
 	// waits for it (default 2s: below the SDK's 3 s receive deadline).
