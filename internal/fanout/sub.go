@@ -9,7 +9,10 @@ import (
 // sends to the subscriber); the hub pushes to it without ever blocking.
 //
 // A stream that multiplexes several services holds one Sub per service,
-// each read by its own goroutine, and sends their units' Chunks.
+// each read by its own goroutine, and sends their units' Chunks: a
+// unit's chunks in order and, for one service, one unit after the other
+// (its subscriber joins them back with chunk.Joiner, which refuses a
+// chunk of another unit inside one).
 type Sub struct {
 	h      *Hub
 	f      *feed
