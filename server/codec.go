@@ -21,8 +21,9 @@ import (
 // not valid protobuf of its type (truncated, a malformed tag, a string
 // that is not UTF-8) fails with InvalidArgument naming the field, carried
 // as errdetails.BadRequest, before any handler runs, instead of grpc-go's
-// Internal. They are one codec and its two interceptors: use all of them
-// or none.
+// Internal, and under which a handler may send an Encoded message (Watch
+// does: it needs them). They are one codec and its two interceptors: use
+// all of them or none.
 //
 // Why not only a codec: grpc-go wraps every error a codec's Unmarshal
 // returns in codes.Internal (rpc_util.go recv), so the codec cannot say
@@ -42,14 +43,33 @@ func DecodeOptions() []grpc.ServerOption {
 }
 
 // requestCodec is grpc-go's proto codec, except that a message it cannot
-// decode is marked as such instead of an error.
+// decode is marked as such instead of an error, and that an Encoded
+// message is sent as it is.
 type requestCodec struct {
 	base encoding.CodecV2
 }
 
 func (c requestCodec) Name() string { return protoenc.Name }
 
-func (c requestCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+func (c requestCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if e, ok := v.(Encoded); ok {
+		// A SliceBuffer's Free does nothing, so grpc-go freeing it after
+		// the write leaves the bytes to every other stream sending them.
+		return mem.BufferSlice{mem.SliceBuffer(e)}, nil
+	}
+	return c.base.Marshal(v)
+}
+
+// Encoded is a message already in its wire form (a WatchResponse chunk
+// the fan-out encoded once for every subscriber, see fanout.Unit.Chunks):
+// SendMsg(Encoded(b)) on a stream of a server built with DecodeOptions
+// writes b as the message, without marshalling it again or copying it.
+// grpc.PreparedMsg cannot be shared so: it is bound to one stream's codec
+// and compressor. The bytes must be a valid message of the stream's type,
+// and never change once sent: every stream may still be writing them.
+// A compressor, if the client asked for one, compresses them per stream
+// as usual.
+type Encoded []byte
 
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.base.Unmarshal(data, v)

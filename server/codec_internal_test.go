@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"testing"
 
 	"google.golang.org/grpc/encoding"
@@ -51,5 +52,31 @@ func TestCodecMarks(t *testing.T) {
 	raw := forged.ProtoReflect().GetUnknown()
 	if _, fe := decode(t, raw); fe == nil || fe.Field != "request" || fe.Reason == "forged" {
 		t.Fatalf("forged mark decoded to %+v", fe)
+	}
+}
+
+// An Encoded message goes out as its own bytes, not copied, so every
+// stream sending one unit writes the same memory; anything else is
+// marshalled as grpc-go's codec does.
+func TestCodecSendsEncodedAsIs(t *testing.T) {
+	c := requestCodec{base: encoding.GetCodecV2(protoenc.Name)}
+	want, err := proto.Marshal(&registryv1.WatchResponse{Revision: 7, Epoch: "e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Marshal(Encoded(want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got.Len() != len(want) || &got[0].ReadOnlyData()[0] != &want[0] {
+		t.Fatalf("Encoded marshalled to %d buffers of %d bytes, not the bytes given", len(got), got.Len())
+	}
+	got.Free()
+	if want[0] != 0x08 {
+		t.Fatal("freeing the sent message changed the shared bytes")
+	}
+	plain, err := c.Marshal(&registryv1.WatchResponse{Revision: 7, Epoch: "e"})
+	if err != nil || !bytes.Equal(plain.Materialize(), want) {
+		t.Fatalf("a message marshalled to % x (%v), want % x", plain.Materialize(), err, want)
 	}
 }

@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
@@ -543,7 +545,9 @@ func (s *Server) List(ctx context.Context, req *registryv1.ListRequest) (*regist
 // per subscriber): a snapshot or the missed transactions, then every
 // transaction and progress, each with its revision and epoch; no message
 // exceeds chunk.MaxBytes (see package chunk). A subscriber ahead of this
-// regnode gets OutOfRange with reason ReasonRevisionAhead.
+// regnode gets OutOfRange with reason ReasonRevisionAhead. Every message
+// goes out as bytes the hub encoded once for all the subscribers of the
+// service: the server must run with DecodeOptions' codec.
 func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_WatchServer) error {
 	if s.cfg.Hub == nil {
 		return status.Error(codes.Unimplemented, "this regnode serves no subscriptions")
@@ -567,43 +571,37 @@ func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_
 	}
 	defer sub.Close()
 	for {
-		m, err := sub.Next(ctx)
+		u, err := sub.Next(ctx)
 		if err != nil {
 			if errors.Is(err, fanout.ErrClosed) {
 				return status.Error(codes.Unavailable, "regnode is stopping; resume on another")
 			}
 			return toStatus(err)
 		}
-		if err := chunk.Split(Unit(m), chunk.MaxBytes, stream.Send); err != nil {
+		if err := sendUnit(stream, u); err != nil {
 			return err
 		}
 	}
 }
 
-// Unit is the whole WatchResponse of a fan-out message, before chunking.
-func Unit(m fanout.Message) *registryv1.WatchResponse {
-	r := &registryv1.WatchResponse{Revision: m.Revision, Epoch: m.Epoch}
-	switch {
-	case m.Snapshot:
-		r.Kind = &registryv1.WatchResponse_Snapshot{Snapshot: &registryv1.Snapshot{Instances: m.Instances, Reset_: m.Reset, NewEpoch: m.NewEpoch}}
-	case len(m.Events) == 0:
-		r.Kind = &registryv1.WatchResponse_Progress{Progress: &registryv1.Progress{}}
-	default:
-		evs := make([]*registryv1.Event, len(m.Events))
-		for i, e := range m.Events {
-			if e.Type == cache.Put {
-				evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_PUT, Instance: e.Instance, Service: e.Service, Id: e.ID}
-			} else {
-				evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_DELETE, Service: e.Service, Id: e.ID}
-			}
-		}
-		r.Kind = &registryv1.WatchResponse_Events{Events: &registryv1.Events{Events: evs}}
+// sendUnit sends the unit's chunks, encoded once by the hub for every
+// subscriber it goes to, as they are (see Encoded).
+func sendUnit(stream grpc.ServerStream, u *fanout.Unit) error {
+	chunks, err := u.Chunks()
+	if err != nil {
+		return status.Errorf(codes.Internal, "encode the unit at revision %d: %v", u.Revision(), err)
 	}
-	return r
+	for _, c := range chunks {
+		if err := stream.SendMsg(Encoded(c)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Status reports the etcd cluster (members, leader, revision, compact
-// revision) and instance counts.
+// revision) and instance counts, at a revision no older than etcd's when
+// the call came (see countInstances).
 func (s *Server) Status(ctx context.Context, _ *registryv1.StatusRequest) (*registryv1.StatusResponse, error) {
 	ctx, cancel := s.callCtx(ctx)
 	defer cancel()
@@ -630,11 +628,9 @@ func (s *Server) Status(ctx context.Context, _ *registryv1.StatusRequest) (*regi
 	if resp.CompactRevision, err = s.st.CompactRevision(ctx); err != nil {
 		return nil, toStatus(err)
 	}
-	insts, rev, skipped, err := s.st.List(ctx, "")
-	if err != nil {
+	if resp.Counts, resp.Revision, resp.JunkSkipped, err = s.countInstances(ctx); err != nil {
 		return nil, toStatus(err)
 	}
-	resp.Revision, resp.JunkSkipped, resp.Counts = rev, int64(skipped), Count(insts)
 	if resp.Epoch, _, err = epoch.Read(ctx, cli, epoch.Key(s.st.Keys().Prefix())); err != nil {
 		return nil, toStatus(err)
 	}
@@ -644,12 +640,73 @@ func (s *Server) Status(ctx context.Context, _ *registryv1.StatusRequest) (*regi
 	return resp, nil
 }
 
+// statusCatchUp bounds how long Status waits for the hub to reach etcd's
+// revision before it lists etcd instead.
+const statusCatchUp = 2 * time.Second
+
+// countInstances counts the instances by state, at a revision no older
+// than etcd's when it is called, and the junk records beside them. With a
+// hub it reads no record: one count-only range read gives etcd's revision
+// and how many keys the instances prefix holds; the hub's cache, once at
+// that revision (waited for up to statusCatchUp), holds the valid ones;
+// the difference is junk (at the cache's revision, read again if the
+// cache has moved past etcd's first answer). Without a hub, or with one
+// that does not catch up in time, it lists the prefix from etcd.
+func (s *Server) countInstances(ctx context.Context) (*registryv1.InstanceCounts, int64, int64, error) {
+	if hub := s.cfg.Hub; hub != nil {
+		cli, prefix := s.st.Client(), s.st.Keys().Instances()
+		keys, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return nil, 0, 0, fmt.Errorf("count the keys under %s: %w", prefix, err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, statusCatchUp)
+		snap, _, werr := hub.WaitRevision(wctx, keys.Header.Revision)
+		cancel()
+		if werr == nil && snap.Revision() > keys.Header.Revision {
+			keys, err = cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(snap.Revision()))
+			if err != nil {
+				return nil, 0, 0, fmt.Errorf("count the keys under %s at revision %d: %w", prefix, snap.Revision(), err)
+			}
+		}
+		if werr == nil {
+			return CountSnapshot(snap), snap.Revision(), keys.Count - int64(snap.Len()), nil
+		}
+		s.log.Warn("the hub is behind etcd: Status lists etcd", "err", werr)
+	}
+	insts, rev, skipped, err := s.st.List(ctx, "")
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	return Count(insts), rev, int64(skipped), nil
+}
+
+// CountSnapshot tallies the instances of a cache snapshot, as Count does,
+// without copying them.
+func CountSnapshot(snap *cache.Snapshot) *registryv1.InstanceCounts {
+	services := snap.Services()
+	c := &registryv1.InstanceCounts{Services: int64(len(services))}
+	for _, svc := range services {
+		tally(c, snap.Instances(svc))
+	}
+	return c
+}
+
 // Count tallies instances by lifecycle and health.
 func Count(insts []*registryv1.Instance) *registryv1.InstanceCounts {
-	c := &registryv1.InstanceCounts{Total: int64(len(insts))}
+	c := &registryv1.InstanceCounts{}
 	services := map[string]struct{}{}
 	for _, in := range insts {
 		services[in.Service] = struct{}{}
+	}
+	tally(c, insts)
+	c.Services = int64(len(services))
+	return c
+}
+
+// tally adds insts to c's totals by lifecycle and health.
+func tally(c *registryv1.InstanceCounts, insts []*registryv1.Instance) {
+	c.Total += int64(len(insts))
+	for _, in := range insts {
 		switch in.Lifecycle {
 		case registryv1.Lifecycle_LIFECYCLE_STARTING:
 			c.Starting++
@@ -669,6 +726,4 @@ func Count(insts []*registryv1.Instance) *registryv1.InstanceCounts {
 			c.Unknown++
 		}
 	}
-	c.Services = int64(len(services))
-	return c
 }

@@ -4,8 +4,23 @@
 // still in the ring gets the missed transactions; an older one gets a reset
 // snapshot; one of another epoch (etcd was restored since, see
 // internal/epoch) gets a new-epoch reset snapshot; one ahead of this regnode
-// on its epoch waits for it to catch up, or is told to try another. A subscriber too slow to keep up with its bounded queue is
-// reset (never silently skipped), and never blocks the others.
+// on its epoch waits for it to catch up, or is told to try another. A
+// subscriber too slow to keep up with its bounded queue is reset (never
+// silently skipped), and never blocks the others.
+//
+// Encoded once: what a subscriber receives is a *Unit, shared by every
+// subscriber of the same service (a transaction's events for that
+// service, a snapshot at one revision, progress), whose Chunks are the
+// encoded WatchResponse messages, built once for all of them; a stream
+// sends those bytes as they are. Snapshots are framed from instances each
+// encoded once while unchanged (see Unit).
+//
+// The hub's lock covers O(1) work per transaction and per service it
+// touches: subscribers are indexed by service, the transaction's unit is
+// pushed to the subscribers of the services it touches only (outside the
+// hub's lock, under that service's), subscribers of other services learn
+// the new revision from one published progress, and a resume finds its
+// place in the ring by binary search and reads it outside the lock.
 package fanout
 
 import (
@@ -13,14 +28,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/internal/epoch"
-	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/watch"
 )
@@ -44,8 +60,9 @@ type Config struct {
 	// RingSize bounds the recent events kept for resuming subscribers
 	// (default 10000).
 	RingSize int
-	// QueueSize bounds each subscriber's queue of messages; a subscriber
-	// that falls further behind is reset (default 1024).
+	// QueueSize bounds each subscriber's queue: the transactions of its
+	// service not yet sent (progress is never queued); a subscriber that
+	// falls further behind is reset (default 1024).
 	QueueSize int
 	// CatchUpTimeout bounds how long a subscriber ahead of this regnode
 	// waits for it (default 2s: below the SDK's 3 s receive deadline).
@@ -74,22 +91,34 @@ type Hub struct {
 	ready     chan struct{}
 	readyOnce sync.Once
 
+	// tick is what every subscriber may send as progress: published by
+	// apply after the transaction's units are queued, so a subscriber
+	// that sees it has every unit up to its revision queued.
+	tick atomic.Pointer[tick]
+
 	mu struct {
 		sync.Mutex
-		ring      []entry // transactions after ringStart, oldest first
-		ringStart int64   // the ring holds every transaction after this revision
-		events    int     // events in ring
-		rev       int64   // revision of the cache
-		epoch     string  // epoch of the cache
-		changed   chan struct{}
-		subs      map[*Sub]struct{}
+		ring      []cache.Batch // transactions after ringStart, oldest first
+		ringStart int64         // the ring holds every transaction after this revision
+		events    int           // events in ring
+		rev       int64         // revision of the cache
+		epoch     string        // epoch of the cache
+		feeds     map[string]*feed
+		subs      int
 		closed    bool
 	}
 }
 
-type entry struct {
-	rev    int64
-	events []cache.Event
+// tick is the hub's progress: its revision and epoch, how many progress
+// notifications from etcd it has applied (each confirms the view even at
+// an unchanged revision), the progress unit every subscriber shares, and a
+// channel closed when the next tick replaces it.
+type tick struct {
+	rev      int64
+	epoch    string
+	confirms uint64
+	progress *Unit
+	changed  chan struct{}
 }
 
 // New returns a Hub; call Run to start it.
@@ -112,10 +141,17 @@ func New(cfg Config) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Hub{cfg: cfg, log: cfg.Logger, cache: cache.New(), w: w, epochKey: key, ready: make(chan struct{})}
-	h.mu.subs = map[*Sub]struct{}{}
-	h.mu.changed = make(chan struct{})
+	h := newHub(cfg)
+	h.w, h.epochKey = w, key
 	return h, nil
+}
+
+// newHub is a Hub without its watcher: tests drive apply themselves.
+func newHub(cfg Config) *Hub {
+	h := &Hub{cfg: cfg, log: cfg.Logger, cache: cache.New(), ready: make(chan struct{})}
+	h.mu.feeds = map[string]*feed{}
+	h.tick.Store(&tick{progress: &Unit{}, changed: make(chan struct{})})
+	return h
 }
 
 // Cache is the hub's view; read it freely, never apply to it.
@@ -129,25 +165,43 @@ func (h *Hub) Run(ctx context.Context) error {
 	err := h.w.Run(ctx, h.apply)
 	h.mu.Lock()
 	h.mu.closed = true
-	subs := h.mu.subs
-	h.mu.subs = map[*Sub]struct{}{}
-	close(h.mu.changed)
+	feeds := h.mu.feeds
+	h.mu.feeds, h.mu.subs = map[string]*feed{}, 0
 	h.mu.Unlock()
-	for s := range subs {
-		s.close(ErrClosed)
+	for _, f := range feeds {
+		f.mu.Lock()
+		for s := range f.subs {
+			s.close(ErrClosed)
+		}
+		clear(f.subs)
+		f.mu.Unlock()
 	}
+	t := h.tick.Load()
+	h.publish(t.rev, t.epoch, t.confirms) // wakes Subscribe's waiters: closed
 	if h.cfg.OnSubscribers != nil {
 		h.cfg.OnSubscribers(0)
 	}
 	return err
 }
 
-// apply is the watcher's delivery: cache first, then the ring, then every
-// subscriber's queue, all under h.mu so a new subscriber sees no gap.
+// publish replaces the tick and wakes everyone waiting on the old one.
+// Only apply (and Run, once apply can no longer run) calls it.
+func (h *Hub) publish(rev int64, ep string, confirms uint64) {
+	next := &tick{rev: rev, epoch: ep, confirms: confirms, changed: make(chan struct{}),
+		progress: &Unit{b: cache.Batch{Revision: rev, Epoch: ep}}}
+	old := h.tick.Swap(next)
+	close(old.changed)
+}
+
+// apply is the watcher's delivery. Under h.mu: the cache, the ring, and
+// locking the feeds the batch concerns (so that a new subscriber, which
+// joins its feed under h.mu, sees no gap and no duplicate); then, outside
+// h.mu, the batch's unit for each feed goes to that feed's subscribers;
+// then the new tick, from which every other subscriber sends progress.
 func (h *Hub) apply(b cache.Batch) error {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if _, err := h.cache.Apply(b); err != nil {
+		h.mu.Unlock()
 		h.log.Error("cache refused a batch from etcd", "revision", b.Revision, "cache", h.cache.Revision(), "err", err)
 		if h.cfg.OnStale != nil {
 			h.cfg.OnStale()
@@ -158,58 +212,91 @@ func (h *Hub) apply(b cache.Batch) error {
 	if b.Snapshot {
 		h.mu.epoch = b.Epoch
 	}
-	close(h.mu.changed)
-	h.mu.changed = make(chan struct{})
+	rev, ep, confirms := h.mu.rev, h.mu.epoch, h.tick.Load().confirms
 	switch {
 	case b.Snapshot:
 		h.mu.ring, h.mu.events, h.mu.ringStart = nil, 0, b.Revision
 		first := false
 		h.readyOnce.Do(func() { close(h.ready); first = true })
-		if !first {
-			reason := "etcd-relist"
-			if b.NewEpoch {
-				reason = "new-epoch"
-			}
-			for s := range h.mu.subs {
+		if first {
+			h.mu.Unlock()
+			break
+		}
+		reason := "etcd-relist"
+		if b.NewEpoch {
+			reason = "new-epoch"
+		}
+		// A relist is rare: every subscriber is reset, feed by feed.
+		feeds := make([]*feed, 0, len(h.mu.feeds))
+		for _, f := range h.mu.feeds {
+			f.mu.Lock()
+			feeds = append(feeds, f)
+		}
+		h.mu.Unlock()
+		for _, f := range feeds {
+			for s := range f.subs {
 				s.reset(reason, b.NewEpoch)
 			}
+			f.mu.Unlock()
 		}
-		return nil
 	case len(b.Events) > 0:
-		h.mu.ring = append(h.mu.ring, entry{rev: b.Revision, events: b.Events})
+		h.mu.ring = append(h.mu.ring, cache.Batch{Revision: b.Revision, Events: b.Events})
 		h.mu.events += len(b.Events)
 		for h.mu.events > h.cfg.RingSize && len(h.mu.ring) > 1 {
-			h.mu.ringStart = h.mu.ring[0].rev
-			h.mu.events -= len(h.mu.ring[0].events)
-			h.mu.ring[0] = entry{}
+			// No zeroing: a resume may be reading this entry outside
+			// h.mu (see Subscribe); the backing array is dropped when
+			// append next reallocates it.
+			h.mu.ringStart = h.mu.ring[0].Revision
+			h.mu.events -= len(h.mu.ring[0].Events)
 			h.mu.ring = h.mu.ring[1:]
 		}
+		units := h.unitsOf(b, ep)
+		h.mu.Unlock()
+		for f, u := range units {
+			for s := range f.subs {
+				s.push(u)
+			}
+			f.mu.Unlock()
+		}
+	default:
+		h.mu.Unlock()
+		confirms++ // progress from etcd: every subscriber confirms its view
 	}
-	for s := range h.mu.subs {
-		s.push(b.Revision, h.mu.epoch, b.Events)
-	}
+	h.publish(rev, ep, confirms)
 	return nil
 }
 
-// Message is one thing to send a subscriber: a snapshot, a transaction's
-// events, or progress, with the revision it brings the subscriber to.
-type Message struct {
-	Revision int64
-	// Epoch names the etcd history Revision belongs to.
-	Epoch string
-	// Snapshot, when true, is the complete state at Revision; Instances
-	// holds it.
-	Snapshot  bool
-	Reset     bool
-	NewEpoch  bool
-	Instances []*registryv1.Instance
-	// Events of one or more transactions (empty with !Snapshot: progress).
-	Events []cache.Event
+// unitsOf returns, with each feed locked, the unit of b for every feed
+// with a subscriber that b concerns. Called with h.mu held.
+func (h *Hub) unitsOf(b cache.Batch, ep string) map[*feed]*Unit {
+	units := map[*feed]*Unit{}
+	if f := h.mu.feeds[""]; f != nil {
+		f.mu.Lock()
+		units[f] = &Unit{b: cache.Batch{Revision: b.Revision, Epoch: ep, Events: b.Events}}
+	}
+	for i, e := range b.Events {
+		f := h.mu.feeds[e.Service]
+		if f == nil || e.Service == "" {
+			continue
+		}
+		if _, ok := units[f]; ok {
+			continue // its events were gathered at its first one
+		}
+		f.mu.Lock()
+		var evs []cache.Event
+		for _, o := range b.Events[i:] {
+			if o.Service == e.Service {
+				evs = append(evs, o)
+			}
+		}
+		units[f] = &Unit{b: cache.Batch{Revision: b.Revision, Epoch: ep, Events: evs}}
+	}
+	return units
 }
 
 // Subscribe registers a subscriber of service ("" for all) that has seen
 // everything up to from (0: nothing) of epoch ep ("": this hub's). Its
-// first message is a snapshot (from 0, or a reset when from is older than
+// first unit is a snapshot (from 0, or a reset when from is older than
 // the ring, or a new-epoch reset when ep is an epoch etcd has left), or the
 // missed transactions. A from ahead of this regnode, or an ep etcd has
 // moved to and this regnode has not yet, waits up to CatchUpTimeout, then
@@ -232,6 +319,7 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64, ep stri
 	defer deadline.Stop()
 	gone := false // ep is an epoch etcd has left
 	for {
+		changed := h.tick.Load().changed // before h.mu: a change after it closes this
 		h.mu.Lock()
 		if h.mu.closed {
 			h.mu.Unlock()
@@ -261,7 +349,7 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64, ep stri
 			}
 			// etcd is on an epoch this hub has not reached: wait for it.
 		}
-		changed, rev, mine := h.mu.changed, h.mu.rev, h.mu.epoch
+		rev, mine := h.mu.rev, h.mu.epoch
 		h.mu.Unlock()
 		select {
 		case <-changed:
@@ -274,31 +362,59 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64, ep stri
 			return nil, ctx.Err()
 		}
 	}
-	defer h.mu.Unlock()
-	s := &Sub{h: h, service: service, notify: make(chan struct{}, 1), done: make(chan struct{})}
+	// Holding h.mu: decide the first unit from what is O(1) to read
+	// (the cache's snapshot, or where the ring resumes), join the feed,
+	// and build the unit after letting go.
+	f := h.mu.feeds[service]
+	if f == nil {
+		f = newFeed(service)
+		h.mu.feeds[service] = f
+	}
+	s := &Sub{h: h, f: f, notify: make(chan struct{}, 1), done: make(chan struct{}), confirms: h.tick.Load().confirms}
+	snap, cur, rev := h.cache.Snapshot(), h.mu.epoch, h.mu.rev
+	var (
+		tail            []cache.Batch
+		snapshot        = true
+		reset, newEpoch bool
+	)
 	switch {
 	case from == 0:
-		s.first = h.snapshot(service, false, false)
 	case gone:
-		s.first = h.snapshot(service, true, true)
+		reset, newEpoch = true, true
 		h.resetSent("new-epoch")
 	case from >= h.mu.ringStart:
-		var evs []cache.Event
-		for _, e := range h.mu.ring {
-			if e.rev > from {
-				evs = append(evs, filter(service, e.events)...)
-			}
-		}
-		s.first = &Message{Revision: h.mu.rev, Epoch: h.mu.epoch, Events: evs}
+		snapshot = false
+		ring := h.mu.ring
+		tail = ring[sort.Search(len(ring), func(i int) bool { return ring[i].Revision > from }):]
 	default:
-		s.first = h.snapshot(service, true, false)
+		reset = true
 		h.resetSent("ring")
 	}
-	s.sent = s.first.Revision
-	h.mu.subs[s] = struct{}{}
+	f.mu.Lock()
+	f.subs[s] = struct{}{}
+	f.mu.Unlock()
+	h.mu.subs++
+	n := h.mu.subs
+	h.mu.Unlock()
 	if h.cfg.OnSubscribers != nil {
-		h.cfg.OnSubscribers(len(h.mu.subs))
+		h.cfg.OnSubscribers(n)
 	}
+
+	if snapshot {
+		u, err := f.snapshot(snap, cur, reset, newEpoch)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.first = u
+	} else {
+		var evs []cache.Event
+		for _, b := range tail {
+			evs = append(evs, filter(service, b.Events)...)
+		}
+		s.first = &Unit{b: cache.Batch{Revision: rev, Epoch: cur, Events: evs}}
+	}
+	s.sent, s.epoch = rev, cur
 	return s, nil
 }
 
@@ -308,17 +424,11 @@ func (h *Hub) resetSent(reason string) {
 	}
 }
 
-// snapshot is the cache's state; called with h.mu held, so that the epoch
-// is the one of the state.
-func (h *Hub) snapshot(service string, reset, newEpoch bool) *Message {
-	snap := h.cache.Snapshot()
-	m := &Message{Revision: snap.Revision(), Epoch: h.mu.epoch, Snapshot: true, Reset: reset, NewEpoch: newEpoch}
-	if service == "" {
-		m.Instances = snap.All()
-	} else {
-		m.Instances = snap.Instances(service)
-	}
-	return m
+// current is the cache's snapshot and its epoch, read together.
+func (h *Hub) current() (*cache.Snapshot, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cache.Snapshot(), h.mu.epoch
 }
 
 func filter(service string, evs []cache.Event) []cache.Event {
@@ -348,19 +458,52 @@ func (h *Hub) Revision() int64 {
 	return h.mu.rev
 }
 
+// WaitRevision waits until the hub's cache is at rev or later, and
+// returns the cache's snapshot then with its epoch. It fails with
+// ctx's error, or ErrClosed once the hub stopped.
+func (h *Hub) WaitRevision(ctx context.Context, rev int64) (*cache.Snapshot, string, error) {
+	for {
+		changed := h.tick.Load().changed
+		h.mu.Lock()
+		snap, ep, closed := h.cache.Snapshot(), h.mu.epoch, h.mu.closed
+		h.mu.Unlock()
+		switch {
+		case closed:
+			return nil, "", ErrClosed
+		case snap.Revision() >= rev:
+			return snap, ep, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, "", fmt.Errorf("wait for revision %d, at %d: %w", rev, snap.Revision(), ctx.Err())
+		}
+	}
+}
+
 // Subscribers is the number of subscribers.
 func (h *Hub) Subscribers() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.mu.subs)
+	return h.mu.subs
 }
 
 func (h *Hub) remove(s *Sub) {
 	h.mu.Lock()
-	delete(h.mu.subs, s)
-	n := len(h.mu.subs)
+	f := s.f
+	f.mu.Lock()
+	_, ok := f.subs[s]
+	delete(f.subs, s)
+	if ok && len(f.subs) == 0 && h.mu.feeds[f.service] == f {
+		delete(h.mu.feeds, f.service)
+	}
+	f.mu.Unlock()
+	if ok {
+		h.mu.subs--
+	}
+	n := h.mu.subs
 	h.mu.Unlock()
-	if h.cfg.OnSubscribers != nil {
+	if ok && h.cfg.OnSubscribers != nil {
 		h.cfg.OnSubscribers(n)
 	}
 }

@@ -3,23 +3,32 @@ package fanout
 import (
 	"context"
 	"sync"
-
-	"github.com/regcluster/registry/cache"
 )
 
 // Sub is one subscriber. Next is called by one goroutine (the stream that
 // sends to the subscriber); the hub pushes to it without ever blocking.
+//
+// A stream that multiplexes several services holds one Sub per service,
+// each read by its own goroutine, and sends their units' Chunks: a
+// unit's chunks in order and, for one service, one unit after the other
+// (its subscriber joins them back with chunk.Joiner, which refuses a
+// chunk of another unit inside one).
 type Sub struct {
-	h       *Hub
-	service string
-	notify  chan struct{} // a message is queued, a reset is due, or closed
-	done    chan struct{}
-	first   *Message
-	sent    int64 // revision of the last message returned by Next
+	h      *Hub
+	f      *feed
+	notify chan struct{} // a unit is queued, a reset is due, or closed
+	done   chan struct{}
+
+	// Owned by the goroutine calling Next.
+	first    *Unit
+	sent     int64  // revision of the last unit returned by Next
+	epoch    string // epoch of the last unit returned by Next
+	confirms uint64 // the hub's confirmations covered by the last progress sent
 
 	mu struct {
 		sync.Mutex
-		queue     []Message
+		queue     []*Unit // units from head on are still to send
+		head      int
 		needReset bool
 		newEpoch  bool
 		err       error
@@ -27,41 +36,45 @@ type Sub struct {
 	closeOnce sync.Once
 }
 
-// push queues one transaction (or progress, when evs is empty). Called
-// with h.mu held.
-func (s *Sub) push(rev int64, epoch string, evs []cache.Event) {
-	evs = filter(s.service, evs)
+// Service is the service the subscriber follows ("" for all).
+func (s *Sub) Service() string { return s.f.service }
+
+// push queues one transaction's unit. Called with s.f.mu held.
+func (s *Sub) push(u *Unit) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.needReset || s.mu.err != nil {
 		return // the reset snapshot will cover it
 	}
-	q := s.mu.queue
-	if len(evs) == 0 && len(q) > 0 && len(q[len(q)-1].Events) == 0 {
-		q[len(q)-1].Revision = rev // coalesce progress
-		return
-	}
-	if len(q) >= s.h.cfg.QueueSize {
-		s.mu.queue, s.mu.needReset = nil, true
+	if len(s.mu.queue)-s.mu.head >= s.h.cfg.QueueSize {
+		s.drop()
+		s.mu.needReset = true
 		s.h.resetSent("slow-subscriber")
 		s.wake()
 		return
 	}
-	s.mu.queue = append(q, Message{Revision: rev, Epoch: epoch, Events: evs})
+	s.mu.queue = append(s.mu.queue, u)
 	s.wake()
 }
 
-// reset discards what is queued and makes the next message a reset
-// snapshot. Called with h.mu held.
+// reset discards what is queued and makes the next unit a reset
+// snapshot. Called with s.f.mu held.
 func (s *Sub) reset(reason string, newEpoch bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.mu.needReset {
 		s.h.resetSent(reason)
 	}
-	s.mu.queue, s.mu.needReset = nil, true
+	s.drop()
+	s.mu.needReset = true
 	s.mu.newEpoch = s.mu.newEpoch || newEpoch
 	s.wake()
+}
+
+// drop discards the queue. Called with s.mu held.
+func (s *Sub) drop() {
+	clear(s.mu.queue)
+	s.mu.queue, s.mu.head = nil, 0
 }
 
 func (s *Sub) wake() {
@@ -80,53 +93,73 @@ func (s *Sub) close(err error) {
 	})
 }
 
-// Next returns the next message for the subscriber, waiting for one. The
-// revision of successive messages never decreases except across a
-// NewEpoch snapshot.
-func (s *Sub) Next(ctx context.Context) (Message, error) {
-	if m := s.first; m != nil {
+// Next returns the next unit for the subscriber, waiting for one: its
+// queued transactions in order, a reset snapshot when one is due, and
+// when it has nothing queued, progress at the hub's revision whenever that
+// moved past the last unit or etcd confirmed it. The revision of
+// successive units never decreases except across a NewEpoch snapshot. The
+// unit is shared with other subscribers: send its Chunks, modify nothing.
+func (s *Sub) Next(ctx context.Context) (*Unit, error) {
+	if u := s.first; u != nil {
 		s.first = nil
-		return *m, nil
+		return u, nil
 	}
 	for {
+		// The tick before the queue: once a tick is published, every unit
+		// up to its revision is queued, so progress at it skips nothing.
+		t := s.h.tick.Load()
 		s.mu.Lock()
 		if s.mu.err != nil {
 			err := s.mu.err
 			s.mu.Unlock()
-			return Message{}, err
+			return nil, err
 		}
 		if s.mu.needReset {
-			epoch := s.mu.newEpoch
-			s.mu.needReset, s.mu.newEpoch, s.mu.queue = false, false, nil
+			newEpoch := s.mu.newEpoch
+			s.mu.needReset, s.mu.newEpoch = false, false
+			s.drop()
 			s.mu.Unlock()
 			// Taken after clearing the flag: every transaction the hub
 			// applies from now on is either in this snapshot or queued
 			// after it (and skipped below if already in it).
-			s.h.mu.Lock()
-			m := s.h.snapshot(s.service, true, epoch)
-			s.h.mu.Unlock()
-			s.sent = m.Revision
-			return *m, nil
+			snap, ep := s.h.current()
+			u, err := s.f.snapshot(snap, ep, true, newEpoch)
+			if err != nil {
+				return nil, err
+			}
+			s.sent, s.epoch = u.b.Revision, ep
+			return u, nil
 		}
-		for len(s.mu.queue) > 0 {
-			m := s.mu.queue[0]
-			s.mu.queue[0] = Message{}
-			s.mu.queue = s.mu.queue[1:]
-			// Skip what the last message already covered; a progress at
-			// the same revision still goes out: it confirms the view.
-			if m.Revision < s.sent || (m.Revision == s.sent && len(m.Events) > 0) {
+		for s.mu.head < len(s.mu.queue) {
+			u := s.mu.queue[s.mu.head]
+			s.mu.queue[s.mu.head] = nil
+			s.mu.head++
+			if s.mu.head == len(s.mu.queue) {
+				// Drained: refill the same array from its start.
+				s.mu.queue, s.mu.head = s.mu.queue[:0], 0
+			}
+			// Skip what the last unit already covered.
+			if u.b.Revision <= s.sent {
 				continue
 			}
 			s.mu.Unlock()
-			s.sent = m.Revision
-			return m, nil
+			s.sent, s.epoch = u.b.Revision, u.b.Epoch
+			return u, nil
 		}
 		s.mu.Unlock()
+		// Nothing queued: progress, when the hub moved on (a transaction
+		// of other services) or etcd confirmed the view; a progress at
+		// the same revision still goes out: it confirms the view.
+		if t.epoch == s.epoch && (t.rev > s.sent || t.rev == s.sent && t.confirms > s.confirms) {
+			s.sent, s.confirms = t.rev, t.confirms
+			return t.progress, nil
+		}
 		select {
 		case <-s.notify:
 		case <-s.done:
+		case <-t.changed:
 		case <-ctx.Done():
-			return Message{}, ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 }

@@ -1,0 +1,368 @@
+package fanout
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/regcluster/registry/cache"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testHub is a hub fed by the test (no etcd, no watcher), at revision 1
+// of epoch e1 with insts.
+func testHub(t testing.TB, queue int, insts ...*registryv1.Instance) (*Hub, *resets) {
+	t.Helper()
+	r := &resets{n: map[string]int{}}
+	h := newHub(Config{RingSize: 100, QueueSize: queue, CatchUpTimeout: time.Second,
+		Logger: slog.New(slog.DiscardHandler), OnReset: r.add})
+	mustApply(t, h, cache.Batch{Revision: 1, Snapshot: true, Epoch: "e1", Instances: insts})
+	return h, r
+}
+
+type resets struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (r *resets) add(reason string) { r.mu.Lock(); r.n[reason]++; r.mu.Unlock() }
+func (r *resets) get(reason string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[reason]
+}
+
+func mustApply(t testing.TB, h *Hub, b cache.Batch) {
+	t.Helper()
+	if err := h.apply(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func inst(service, id string, v int) *registryv1.Instance {
+	return &registryv1.Instance{Service: service, Id: id, Address: "10.0.0.1:80", Weight: 100, Version: fmt.Sprint(v)}
+}
+
+func put(service, id string, v int) cache.Event {
+	return cache.Event{Type: cache.Put, Service: service, ID: id, Instance: inst(service, id, v)}
+}
+
+func subscribe(t testing.TB, h *Hub, service string, from int64) *Sub {
+	t.Helper()
+	s, err := h.Subscribe(context.Background(), service, from, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func next(t testing.TB, s *Sub) *Unit {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	u, err := s.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func queued(s *Sub) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.mu.queue) - s.mu.head
+}
+
+// A transaction is one unit per service, shared by every subscriber of
+// that service, encoded once; subscribers of a service it does not touch
+// get nothing queued, only the shared progress.
+func TestUnitEncodedOncePerService(t *testing.T) {
+	h, _ := testHub(t, 16)
+	orders := []*Sub{subscribe(t, h, "orders", 0), subscribe(t, h, "orders", 0), subscribe(t, h, "orders", 0)}
+	users := subscribe(t, h, "users", 0)
+	all := subscribe(t, h, "", 0)
+	for _, s := range append(orders, users, all) {
+		if u := next(t, s); !u.Batch().Snapshot || u.Revision() != 1 {
+			t.Fatalf("first unit %+v, want the snapshot at 1", u.Batch())
+		}
+	}
+	mustApply(t, h, cache.Batch{Revision: 2, Events: []cache.Event{put("orders", "a", 1), put("users", "b", 1)}})
+	first := next(t, orders[0])
+	c0, err := first.Chunks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range orders[1:] {
+		u := next(t, s)
+		if u != first {
+			t.Fatal("subscribers of one service got different units of one transaction")
+		}
+		c, _ := u.Chunks()
+		if &c[0][0] != &c0[0][0] {
+			t.Fatal("the unit was encoded again for another subscriber")
+		}
+	}
+	var got registryv1.WatchResponse
+	if err := proto.Unmarshal(c0[0], &got); err != nil {
+		t.Fatal(err)
+	}
+	if evs := got.GetEvents().GetEvents(); got.Revision != 2 || got.Epoch != "e1" || len(evs) != 1 || evs[0].Id != "a" || evs[0].Instance.GetId() != "a" {
+		t.Fatalf("orders unit decodes to %v", &got)
+	}
+	if u := next(t, users); len(u.Batch().Events) != 1 || u.Batch().Events[0].ID != "b" {
+		t.Fatalf("users unit %+v", u.Batch())
+	}
+	if u := next(t, all); len(u.Batch().Events) != 2 {
+		t.Fatalf("the all-services unit holds %d events, want 2", len(u.Batch().Events))
+	}
+
+	// users only: nothing is queued for orders, whose subscribers all
+	// send the one shared progress at 3.
+	mustApply(t, h, cache.Batch{Revision: 3, Events: []cache.Event{put("users", "b", 2)}})
+	for _, s := range orders {
+		if n := queued(s); n != 0 {
+			t.Fatalf("a transaction of users queued %d units for orders", n)
+		}
+	}
+	p := next(t, orders[0])
+	if p.Batch().Snapshot || len(p.Batch().Events) != 0 || p.Revision() != 3 {
+		t.Fatalf("orders after a users transaction: %+v, want progress at 3", p.Batch())
+	}
+	for _, s := range orders[1:] {
+		if u := next(t, s); u != p {
+			t.Fatal("progress is not shared")
+		}
+	}
+	// A confirmation from etcd at the same revision is progress again.
+	mustApply(t, h, cache.Batch{Revision: 3})
+	if u := next(t, orders[0]); u.Revision() != 3 || len(u.Batch().Events) != 0 || u.Batch().Snapshot {
+		t.Fatalf("after a confirmation: %+v, want progress at 3", u.Batch())
+	}
+}
+
+// A resume from a revision in the ring gets exactly the missed events of
+// its service, at the hub's revision; one older than the ring a reset.
+func TestResumeFromRing(t *testing.T) {
+	r := &resets{n: map[string]int{}}
+	h := newHub(Config{RingSize: 4, QueueSize: 16, CatchUpTimeout: time.Second, Logger: slog.New(slog.DiscardHandler), OnReset: r.add})
+	mustApply(t, h, cache.Batch{Revision: 1, Snapshot: true, Epoch: "e1"})
+	for rev := int64(2); rev <= 7; rev++ {
+		mustApply(t, h, cache.Batch{Revision: rev, Events: []cache.Event{put("orders", fmt.Sprint("o", rev), 1), put("users", "u", int(rev))}})
+	}
+	// The ring holds 4 events: revisions 6 and 7, so it starts after 5.
+	u := next(t, subscribe(t, h, "orders", 5))
+	b := u.Batch()
+	if b.Snapshot || b.Revision != 7 || len(b.Events) != 2 || b.Events[0].ID != "o6" || b.Events[1].ID != "o7" {
+		t.Fatalf("resume from 5: %+v, want o6 and o7 at 7", b)
+	}
+	u = next(t, subscribe(t, h, "orders", 6))
+	if b := u.Batch(); len(b.Events) != 1 || b.Events[0].ID != "o7" {
+		t.Fatalf("resume from 6: %+v, want o7", b)
+	}
+	if u := next(t, subscribe(t, h, "orders", 7)); len(u.Batch().Events) != 0 || u.Revision() != 7 {
+		t.Fatalf("resume from 7: %+v, want nothing at 7", u.Batch())
+	}
+	u = next(t, subscribe(t, h, "orders", 4))
+	if b := u.Batch(); !b.Snapshot || !b.Reset || len(b.Instances) != 6 || r.get("ring") != 1 {
+		t.Fatalf("resume from 4: %+v (ring resets %d), want a reset snapshot of 6", b, r.get("ring"))
+	}
+}
+
+// A subscriber that does not read is reset once its queue is full, and
+// its reset snapshot is the whole state; one that reads sees every
+// transaction and is never reset.
+func TestSlowSubscriberResetFastOneNot(t *testing.T) {
+	const queue = 4
+	h, r := testHub(t, queue)
+	slow, fast := subscribe(t, h, "orders", 0), subscribe(t, h, "orders", 0)
+	next(t, slow)
+	next(t, fast)
+	for rev := int64(2); rev <= 12; rev++ {
+		mustApply(t, h, cache.Batch{Revision: rev, Events: []cache.Event{put("orders", fmt.Sprint("o", rev%3), int(rev))}})
+		if u := next(t, fast); u.Revision() != rev || len(u.Batch().Events) != 1 || u.Batch().Snapshot {
+			t.Fatalf("fast at %d: %+v", rev, u.Batch())
+		}
+		if rev == queue+1 && r.get("slow-subscriber") != 0 {
+			t.Fatalf("reset with %d units queued, queue of %d", queue, queue)
+		}
+	}
+	if n := r.get("slow-subscriber"); n != 1 {
+		t.Fatalf("%d slow-subscriber resets, want 1", n)
+	}
+	u := next(t, slow)
+	if b := u.Batch(); !b.Snapshot || !b.Reset || b.Revision != 12 || len(b.Instances) != 3 {
+		t.Fatalf("slow subscriber's next unit %+v, want a reset snapshot of 3 at 12", b)
+	}
+	for _, in := range u.Batch().Instances {
+		if want, _ := h.Cache().Get("orders", in.Id); want != in {
+			t.Fatalf("reset snapshot holds %v, the cache %v", in, want)
+		}
+	}
+}
+
+// A relist resets every subscriber; those of one service share one
+// snapshot unit; a new epoch says so.
+func TestRelistResetsEverySubscriber(t *testing.T) {
+	h, r := testHub(t, 16, inst("orders", "a", 1), inst("users", "u", 1))
+	a, b, c := subscribe(t, h, "orders", 0), subscribe(t, h, "orders", 0), subscribe(t, h, "users", 0)
+	for _, s := range []*Sub{a, b, c} {
+		next(t, s)
+	}
+	mustApply(t, h, cache.Batch{Revision: 9, Snapshot: true, Reset: true, Epoch: "e1", Instances: []*registryv1.Instance{inst("orders", "a", 2)}})
+	ua, ub, uc := next(t, a), next(t, b), next(t, c)
+	if ua != ub || !ua.Batch().Reset || ua.Batch().NewEpoch || ua.Revision() != 9 || len(ua.Batch().Instances) != 1 {
+		t.Fatalf("orders after a relist: %+v / shared %v", ua.Batch(), ua == ub)
+	}
+	if !uc.Batch().Reset || len(uc.Batch().Instances) != 0 || r.get("etcd-relist") != 3 {
+		t.Fatalf("users after a relist: %+v, %d relist resets", uc.Batch(), r.get("etcd-relist"))
+	}
+	mustApply(t, h, cache.Batch{Revision: 3, Snapshot: true, Reset: true, NewEpoch: true, Epoch: "e2", Instances: []*registryv1.Instance{inst("orders", "a", 3)}})
+	if u := next(t, a); !u.Batch().NewEpoch || u.Batch().Epoch != "e2" || u.Revision() != 3 {
+		t.Fatalf("after a new epoch: %+v", u.Batch())
+	}
+}
+
+// Subscribers joining and reading while transactions go in: each one
+// gets every transaction of its service after its first unit, as its own
+// unit at its revision (no gap, no duplicate, never back in time), and
+// its view, built from its units alone, is the cache's at the end.
+func TestConcurrentSubscribersSeeEveryTransaction(t *testing.T) {
+	const txns, subs = 2000, 40
+	h, _ := testHub(t, 1<<20)
+	services := []string{"a", "b", "c", ""}
+	plan := make([]string, txns+2) // the service of each revision's transaction
+	for rev := 2; rev <= txns+1; rev++ {
+		plan[rev] = services[rand.IntN(3)]
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, subs)
+	for i := range subs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Join somewhere in the middle of the writes.
+			join := int64(rand.IntN(txns))
+			for h.Revision() < join {
+				runtime.Gosched()
+			}
+			svc := services[i%len(services)]
+			s, err := h.Subscribe(context.Background(), svc, 0, "")
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			view := map[cache.Key]*registryv1.Instance{}
+			var rev int64
+			for rev < txns+1 {
+				u, err := s.Next(context.Background())
+				if err != nil {
+					errs <- err
+					return
+				}
+				b := u.Batch()
+				if b.Revision < rev || b.Revision == rev && len(b.Events) > 0 {
+					errs <- fmt.Errorf("%q went from %d to %d (%d events)", svc, rev, b.Revision, len(b.Events))
+					return
+				}
+				if rev != 0 && !b.Snapshot {
+					// Every transaction of svc after rev comes as its own unit.
+					for r := rev + 1; r <= b.Revision; r++ {
+						if mine := svc == "" || plan[r] == svc; mine != (r == b.Revision && len(b.Events) > 0) {
+							errs <- fmt.Errorf("%q: at %d after %d, the transaction at %d (of %q) missed or misplaced", svc, b.Revision, rev, r, plan[r])
+							return
+						}
+					}
+				}
+				rev = b.Revision
+				if b.Snapshot {
+					clear(view)
+					for _, in := range b.Instances {
+						view[cache.Key{Service: in.Service, ID: in.Id}] = in
+					}
+				}
+				for _, e := range b.Events {
+					view[cache.Key{Service: e.Service, ID: e.ID}] = e.Instance
+				}
+			}
+			snap := h.Cache().Snapshot()
+			n := 0
+			for _, name := range snap.Services() {
+				if svc != "" && name != svc {
+					continue
+				}
+				for _, in := range snap.Instances(name) {
+					n++
+					if view[cache.Key{Service: in.Service, ID: in.Id}] != in {
+						errs <- fmt.Errorf("%q: %s/%s is %v in the view, %v in the cache", svc, in.Service, in.Id, view[cache.Key{Service: in.Service, ID: in.Id}], in)
+						return
+					}
+				}
+			}
+			if n != len(view) {
+				errs <- fmt.Errorf("%q: %d in the view, %d in the cache", svc, len(view), n)
+			}
+		}()
+	}
+	for rev := int64(2); rev <= txns+1; rev++ {
+		mustApply(t, h, cache.Batch{Revision: rev, Events: []cache.Event{put(plan[rev], fmt.Sprint("i", rand.IntN(10)), int(rev))}})
+		if rev%50 == 0 {
+			runtime.Gosched()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// Subscribers joining at one revision share one snapshot unit; one
+// joining later, after other services changed, gets a new unit framed
+// from the same stored instance bytes.
+func TestSnapshotsShareStoredBytes(t *testing.T) {
+	h, _ := testHub(t, 16, inst("orders", "a", 1), inst("orders", "b", 1), inst("users", "u", 1))
+	u1, u2 := next(t, subscribe(t, h, "orders", 0)), next(t, subscribe(t, h, "orders", 0))
+	if u1 != u2 {
+		t.Fatal("two subscribers at one revision got two snapshot units")
+	}
+	a1, a2 := next(t, subscribe(t, h, "", 0)), next(t, subscribe(t, h, "", 0))
+	if a1 != a2 || len(a1.Batch().Instances) != 3 {
+		t.Fatalf("all-services snapshots: shared %v, %d instances", a1 == a2, len(a1.Batch().Instances))
+	}
+	mustApply(t, h, cache.Batch{Revision: 2, Events: []cache.Event{put("users", "u", 2)}})
+	u3 := next(t, subscribe(t, h, "orders", 0))
+	if u3 == u1 || u3.Revision() != 2 {
+		t.Fatalf("snapshot after a change: revision %d, same unit %v", u3.Revision(), u3 == u1)
+	}
+	if u3.body.parts[0] != u1.body.parts[0] {
+		t.Fatal("orders did not change, and its instances were encoded again")
+	}
+	a3 := next(t, subscribe(t, h, "", 0))
+	if a3.body.parts[0] != a1.body.parts[0] || a3.body.parts[1] == a1.body.parts[1] {
+		t.Fatal("the all-services snapshot did not reuse exactly the unchanged service")
+	}
+	c1, _ := u1.Chunks()
+	c3, _ := u3.Chunks()
+	var r1, r3 registryv1.WatchResponse
+	if err := proto.Unmarshal(c1[0], &r1); err != nil {
+		t.Fatal(err)
+	}
+	if err := proto.Unmarshal(c3[0], &r3); err != nil {
+		t.Fatal(err)
+	}
+	if r3.Revision != 2 || r1.Revision != 1 || !proto.Equal(r1.GetSnapshot(), r3.GetSnapshot()) {
+		t.Fatalf("snapshots at 1 and 2 differ beyond their revision: %v / %v", &r1, &r3)
+	}
+}
