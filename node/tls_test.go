@@ -14,6 +14,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/crypto/bcrypt"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -556,7 +557,7 @@ func TestEmbeddedAuth(t *testing.T) {
 	var n *node.Node
 	for attempt := 0; n == nil; attempt++ {
 		cfg = node.Config{Listen: "127.0.0.1:0", MetricsListen: "off", Logger: quietLog, ShutdownGrace: 200 * time.Millisecond,
-			EmbedAuth: true, Embed: embedded.Config{Name: "auth", Dir: t.TempDir(), UnsafeNoFsync: true, LogLevel: "error",
+			EmbedAuth: true, Embed: embedded.Config{Name: "auth", Dir: t.TempDir(), UnsafeNoFsync: true, LogLevel: "error", BcryptCost: bcrypt.MinCost,
 				ListenClientURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))},
 				ListenPeerURLs:   []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))}}}
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -58,6 +58,11 @@ type Config struct {
 	// etcd's default of 2 GiB). Past it etcd raises the NOSPACE alarm and
 	// refuses writes that add data, while reads and deletes go on.
 	QuotaBackendBytes int64
+	// BcryptCost is etcd's cost for hashing user passwords when auth is
+	// on (--bcrypt-cost; 0: etcd's default, bcrypt.DefaultCost). Tests
+	// use bcrypt.MinCost: under -race on a loaded machine one hash at the
+	// default takes seconds, and every authentication pays one.
+	BcryptCost int
 	// ClientTLS is the TLS of the member's client port, needed by https
 	// ListenClientURLs (regnode's --etcd-server-cert-file...; etcd's own
 	// --cert-file... names are the registry API's). etcd re-reads the
@@ -236,6 +241,9 @@ func Start(ctx context.Context, c Config) (_ *Member, err error) {
 	cfg.InitialClusterToken = c.Token
 	cfg.LogLevel = c.LogLevel
 	cfg.UnsafeNoFsync = c.UnsafeNoFsync
+	if c.BcryptCost > 0 {
+		cfg.BcryptCost = uint(c.BcryptCost)
+	}
 	cfg.WatchProgressNotifyInterval = c.ProgressNotifyInterval
 	cfg.QuotaBackendBytes = c.QuotaBackendBytes
 	// One process, many members in tests: never share the default metrics

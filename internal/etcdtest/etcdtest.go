@@ -15,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/regcluster/registry/internal/embedded"
 )
@@ -59,6 +60,7 @@ func Start(t testing.TB, fsync bool) *Member {
 			Name: "test", Dir: t.TempDir(),
 			ListenClientURLs: []string{cu}, ListenPeerURLs: []string{pu},
 			UnsafeNoFsync: !fsync, LogLevel: "error",
+			BcryptCost:             bcrypt.MinCost, // authentication tests stay fast under -race
 			ProgressNotifyInterval: 500 * time.Millisecond,
 			Logger:                 slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
