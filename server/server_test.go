@@ -331,7 +331,7 @@ func TestDrainRacesLoseNothing(t *testing.T) {
 		reason string
 	}
 	var (
-		mu   sync.Mutex
+		mu       sync.Mutex
 		acks     []ack
 		timedOut atomic.Int64
 		wg       sync.WaitGroup
