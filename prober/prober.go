@@ -422,8 +422,7 @@ func (f *follower) seen(in *registryv1.Instance, now time.Time) {
 		// over from what is stored.
 		f.untrack(key)
 		f.track(in, now, true)
-	case in.ModRevision >= t.inst.ModRevision:
-		// The newer copy (the cache may lag behind what Lead read).
+	default:
 		t.inst = in
 	}
 }

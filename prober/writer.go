@@ -225,7 +225,9 @@ func (w *writer) write(ctx context.Context, key cache.Key, s *slot, j *job, base
 	})
 	w.mu.Lock()
 	s.hint = hint
-	if err == nil && next.ModRevision > s.base.ModRevision {
+	if err == nil {
+		// What it wrote is the newest record there is (whatever the
+		// epoch: after an etcd restore revisions go down).
 		s.base = next
 	}
 	if err == nil {
