@@ -23,12 +23,13 @@ import (
 // flight; a transition submitted while another waits replaces it (latest
 // wins), so what lands for an instance is a subsequence, in order, of its
 // transitions, ending with the latest. Memory is one slot per instance
-// followed, and the queue holds each key at most once.
+// written to and still followed (once idle, only the saved state's owner:
+// no copy of the record), and the queue holds each key at most once.
 //
 // Each write is one round trip: a compare-and-swap on the newest copy of
 // the record the writer knows (the view's, given with the transition, or
-// the one its own last write produced), retried from a fresh read only on
-// conflict (store.UpdateFrom).
+// the one its own last write produced while another transition waited),
+// retried from a fresh read only on conflict (store.UpdateFrom).
 type writer struct {
 	st       *store.Store
 	guard    []clientv3.Cmp
@@ -50,7 +51,7 @@ type writer struct {
 
 // slot is one instance's writing state; under writer.mu.
 type slot struct {
-	base    *registryv1.Instance // the newest copy of the record known
+	base    *registryv1.Instance // the newest copy of the record known, while a write is due
 	hint    store.StateHint
 	pending *job // the latest transition not yet sent
 	busy    bool // a write of this key is in flight
@@ -197,11 +198,17 @@ func (w *writer) work(ctx context.Context) {
 		if retry && s.pending == nil && !s.dropped {
 			s.pending = j
 		}
-		if s.dropped {
+		switch {
+		case s.dropped:
 			if w.slots[key] == s {
 				delete(w.slots, key)
 			}
-		} else {
+		case s.pending == nil:
+			// Idle: the view will hold the record written by the next
+			// transition (they are probes apart), so the slot keeps only
+			// the hint, not a copy of the record.
+			s.base = nil
+		default:
 			w.enqueue(key, s)
 		}
 		w.mu.Unlock()

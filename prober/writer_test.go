@@ -210,10 +210,10 @@ func TestWriterKeepsRacingDrain(t *testing.T) {
 	if got.Lifecycle != registryv1.Lifecycle_LIFECYCLE_DRAINING || got.LifecycleReason != "operator" || got.GetHealth().GetReason() != "t1" {
 		t.Fatalf("stored %v: want the drain kept and the health written", got)
 	}
-	// The next write starts from the record the writer wrote: one round
-	// trip, no conflict, still DRAINING.
+	// The next write, from the record as the view now holds it: still
+	// DRAINING.
 	tr, h = transition(2, registryv1.HealthState_HEALTH_STATE_DEGRADED)
-	fx.w.submit(in, tr, h)
+	fx.w.submit(got, tr, h)
 	fx.awaitLanded(1)
 	if got, _, _ = st.Get(context.Background(), "orders", "a"); got.Lifecycle != registryv1.Lifecycle_LIFECYCLE_DRAINING || got.GetHealth().GetReason() != "t2" {
 		t.Fatalf("stored %v after the second write", got)

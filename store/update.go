@@ -22,7 +22,7 @@ type StateHint struct {
 	known  bool
 	absent bool   // no saved state was there
 	owner  string // its owner, "" for none or junk (as UpdateIf writes it back)
-	raw    []byte // the saved state's exact bytes, as read or written...
+	raw    []byte // the saved state's exact bytes, as read...
 	rawAt  int64  // ...alongside the record at this mod revision
 }
 
@@ -129,7 +129,9 @@ func (s *Store) UpdateFrom(ctx context.Context, cur *registryv1.Instance, hint S
 		}
 		if resp.Succeeded {
 			next.ModRevision = resp.Header.Revision
-			return next, StateHint{known: true, owner: hint.owner, raw: []byte(sval), rawAt: next.ModRevision}, nil
+			// The state written is what the next write recomputes from
+			// this record: the hint keeps the owner only, not the bytes.
+			return next, StateHint{known: true, owner: hint.owner}, nil
 		}
 		if len(guard) > 0 && !resp.Responses[2].GetResponseTxn().GetSucceeded() {
 			return nil, hint, fmt.Errorf("update %s: %w", key, ErrGuard)
