@@ -68,6 +68,9 @@ type Config struct {
 	// (default 8). Writes never hold up probes: a transition waits in its
 	// instance's slot, and a newer one replaces it there.
 	Writers int
+	// WriteTimeout bounds one health write to etcd (default 5s); one that
+	// times out is tried again, unless a newer transition replaced it.
+	WriteTimeout time.Duration
 	// OrphanRetention is how long this leader must see a saved state
 	// without its record, continuously, before deleting it (default 1h;
 	// negative: never). A lost lease is re-registered within seconds, so
@@ -115,6 +118,9 @@ func New(cfg Config) (*Prober, error) {
 	}
 	if cfg.Writers <= 0 {
 		cfg.Writers = 8
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 5 * time.Second
 	}
 	if cfg.OrphanRetention == 0 {
 		cfg.OrphanRetention = time.Hour
@@ -174,6 +180,7 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 	// Transitions are written by the writer, never in this loop: a slow
 	// etcd delays what lands, not the probes.
 	w := newWriter(p.cfg.Store, []clientv3.Cmp{l.Fence()}, p.cfg.Writers, p.log, p.cfg.OnTransition)
+	w.timeout = p.cfg.WriteTimeout
 	wg.Go(func() { w.run(ctx) })
 
 	now := time.Now()
