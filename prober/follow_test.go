@@ -183,26 +183,29 @@ func TestFollowerStartsOnlyChangedLoops(t *testing.T) {
 	}
 	others("re-registrations", k2, k6, k3, k4, k5)
 
-	// A whole service goes: its loops stop, and only its.
+	// Whole services go, one in the middle and the last by name: their
+	// loops stop, and only theirs.
 	var evsDel []cache.Event
-	for _, in := range v.c.Instances("svc-7") {
-		evsDel = append(evsDel, del(in.Service, in.Id))
+	for _, svc := range []string{"svc-7", "svc-9"} {
+		for _, in := range v.c.Instances(svc) {
+			evsDel = append(evsDel, del(in.Service, in.Id))
+		}
 	}
 	gone = nil
 	f.sync(v.apply(evsDel...), now)
 	var svc7 []cache.Key
 	for k := range loops {
-		if k.Service == "svc-7" {
+		if k.Service == "svc-7" || k.Service == "svc-9" {
 			svc7 = append(svc7, k)
 			if f.all[k] != nil || !loops[k].gone {
 				t.Fatalf("service deleted: %v still followed", k)
 			}
 		}
 	}
-	if len(gone) != len(svc7) {
-		t.Fatalf("service deleted: the writer was told of %d instances, want %d", len(gone), len(svc7))
+	if len(gone) != len(svc7)+1 { // and k99, which gained a check
+		t.Fatalf("services deleted: the writer was told of %d instances, want %d", len(gone), len(svc7)+1)
 	}
-	others("service deleted", append(svc7, k2, k6, k3, k4, k5)...)
+	others("services deleted", append(svc7, k2, k6, k3, k4, k5)...)
 	if f.starts != 995 {
 		t.Fatalf("%d loops started in all, want 995", f.starts)
 	}
@@ -222,7 +225,11 @@ func TestFollowerMatchesFullScan(t *testing.T) {
 			for range rapid.IntRange(0, 4).Draw(rt, "events") {
 				svc, id := rapid.SampledFrom(svcs).Draw(rt, "service"), rapid.SampledFrom(ids).Draw(rt, "id")
 				cur, ok := v.c.Get(svc, id)
-				switch op := rapid.IntRange(0, 4).Draw(rt, "op"); {
+				switch op := rapid.IntRange(0, 5).Draw(rt, "op"); {
+				case op == 5: // the whole service
+					for _, id := range ids {
+						evs = append(evs, del(svc, id))
+					}
 				case op == 0:
 					evs = append(evs, del(svc, id))
 				case op == 1 || !ok: // new, or registered anew

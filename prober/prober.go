@@ -289,11 +289,14 @@ func jitter(d time.Duration) time.Duration {
 // two snapshots costs a pointer comparison per service plus a walk of the
 // services that changed, and only the instances that changed are visited.
 type follower struct {
-	p     *Prober
-	all   map[cache.Key]*tracked
-	due   *queue
-	prev  *cache.Snapshot // the view last followed; nil before the first
-	names []string        // prev's services
+	p    *Prober
+	all  map[cache.Key]*tracked
+	due  *queue
+	prev *cache.Snapshot // the view last followed; nil before the first
+	// lists are prev's services and their slices, sorted by name, so the
+	// next view is compared with one map read per service; spare is the
+	// other buffer, reused.
+	lists, spare []serviceList
 	// starts counts the probe loops started (track calls): a loop is
 	// started for a new instance, or again for one registered anew or
 	// whose check changed, never for one that did not change.
@@ -301,6 +304,11 @@ type follower struct {
 	// gone is called for an instance no longer followed (its key left the
 	// view).
 	gone func(cache.Key)
+}
+
+type serviceList struct {
+	name string
+	list []*registryv1.Instance
 }
 
 func (p *Prober) newFollower() *follower {
@@ -348,26 +356,37 @@ func (f *follower) untrack(key cache.Key) {
 // sync follows the instance set to snap: new instances are tracked, gone
 // ones dropped, changed ones keep their machine unless registered anew.
 func (f *follower) sync(snap *cache.Snapshot, now time.Time) {
-	if f.prev == nil {
+	if snap == f.prev {
+		return
+	}
+	first := f.prev == nil
+	if first {
 		f.full(snap, now)
-	} else if snap != f.prev {
-		names := snap.Services()
-		for _, svc := range names {
-			if cur, old := snap.Instances(svc), f.prev.Instances(svc); !sameSlice(cur, old) {
-				f.service(old, cur, now)
-			}
-		}
-		for _, svc := range f.names {
-			if snap.Instances(svc) == nil { // the service is gone
-				f.service(f.prev.Instances(svc), nil, now)
-			}
-		}
-		f.names = names
 	}
+	// Both sides sorted by name: one walk finds the services changed,
+	// added and gone.
+	next, k := f.spare[:0], 0
+	for _, svc := range snap.Services() {
+		cur := snap.Instances(svc)
+		for ; k < len(f.lists) && f.lists[k].name < svc; k++ {
+			f.service(f.lists[k].list, nil, now) // gone
+		}
+		var old []*registryv1.Instance
+		if k < len(f.lists) && f.lists[k].name == svc {
+			old = f.lists[k].list
+			k++
+		}
+		if !first && !sameSlice(cur, old) {
+			f.service(old, cur, now)
+		}
+		next = append(next, serviceList{svc, cur})
+	}
+	for ; k < len(f.lists); k++ {
+		f.service(f.lists[k].list, nil, now)
+	}
+	clear(f.lists) // let the old view's slices go
+	f.lists, f.spare = next, f.lists
 	f.prev = snap
-	if f.names == nil {
-		f.names = snap.Services()
-	}
 }
 
 // sameSlice reports whether a and b are the same slice: the cache gives a

@@ -13,13 +13,14 @@ import (
 )
 
 // BenchmarkSyncOneChange measures what following the view costs the
-// prober per revision: 10,000 instances with a check, and one of them
-// changed (a new record, as a health write or a drain makes) per revision.
+// prober per revision: 10,000 instances with a check (in 100 services, or
+// all in one) or 100,000 in 1,000 services, and one of them changed (a new
+// record, as a health write or a drain makes) per revision.
 // The cache's own Apply is not timed; only the prober's sync is.
 func BenchmarkSyncOneChange(b *testing.B) {
-	for _, services := range []int{100, 1} {
-		b.Run(fmt.Sprintf("services=%d", services), func(b *testing.B) {
-			const n = 10_000
+	for _, c := range []struct{ n, services int }{{10_000, 100}, {10_000, 1}, {100_000, 1000}} {
+		n, services := c.n, c.services
+		b.Run(fmt.Sprintf("instances=%d/services=%d", n, services), func(b *testing.B) {
 			c := cache.New()
 			insts := make([]*registryv1.Instance, n)
 			for i := range insts {
