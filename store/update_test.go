@@ -316,3 +316,36 @@ func TestUpdateFromGone(t *testing.T) {
 		t.Fatalf("after the refused updates: %v, want no record", err)
 	}
 }
+
+// A concurrent write to a field the saved state does not hold (the
+// version, written by the instance itself) is not lost by a write from
+// a stale copy: the compare on the record's mod revision refuses it.
+func TestUpdateFromKeepsConcurrentRecordChange(t *testing.T) {
+	s, _, _ := countedStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, hint, err := s.UpdateFrom(ctx, reg.Instance, store.StateHint{}, nil, healthTo(registryv1.HealthState_HEALTH_STATE_HEALTHY, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Update(ctx, "orders", "a", func(in *registryv1.Instance) error {
+		in.Version = "v2"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.UpdateFrom(ctx, cur, hint, nil, healthTo(registryv1.HealthState_HEALTH_STATE_DEGRADED, "p")); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := s.Get(ctx, "orders", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Version != "v2" || got.GetHealth().GetState() != registryv1.HealthState_HEALTH_STATE_DEGRADED {
+		t.Fatalf("stored version %q health %v: want the concurrent version kept and the health written", got.Version, got.GetHealth())
+	}
+}
