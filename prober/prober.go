@@ -8,6 +8,15 @@
 // it answers; on taking over, instances already probed are spread over
 // their interval.
 //
+// The prober follows the regnode's cache by difference: per revision it
+// looks only at the services whose slice changed and, in them, the
+// instances whose record changed, so one change among many instances costs
+// one pointer comparison per service and a walk of one service, and leaves
+// every other instance's probe loop alone. Transitions are written off the
+// probe loop by a writer it owns (one write in flight per instance, a
+// newer transition replacing an unwritten older one), each in one round
+// trip when the record is as the cache holds it.
+//
 // The leader also deletes the saved states (store.StateKey) of instances
 // that have had no record for a retention period: what a crashed instance
 // that never came back leaves behind.
@@ -24,6 +33,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -32,7 +42,6 @@ import (
 	"github.com/regcluster/registry/health"
 	"github.com/regcluster/registry/probe"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
-	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/store"
 )
 
@@ -55,6 +64,13 @@ type Config struct {
 	Floor time.Duration
 	// Concurrency bounds probes in flight (default 64).
 	Concurrency int
+	// Writers bounds health writes in flight, each to another instance
+	// (default 8). Writes never hold up probes: a transition waits in its
+	// instance's slot, and a newer one replaces it there.
+	Writers int
+	// WriteTimeout bounds one health write to etcd (default 5s); one that
+	// times out is tried again, unless a newer transition replaced it.
+	WriteTimeout time.Duration
 	// OrphanRetention is how long this leader must see a saved state
 	// without its record, continuously, before deleting it (default 1h;
 	// negative: never). A lost lease is re-registered within seconds, so
@@ -99,6 +115,12 @@ func New(cfg Config) (*Prober, error) {
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 64
+	}
+	if cfg.Writers <= 0 {
+		cfg.Writers = 8
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 5 * time.Second
 	}
 	if cfg.OrphanRetention == 0 {
 		cfg.OrphanRetention = time.Hour
@@ -155,25 +177,28 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 	defer wg.Wait()
 	defer cancel()
 
+	// Transitions are written by the writer, never in this loop: a slow
+	// etcd delays what lands, not the probes.
+	w := newWriter(p.cfg.Store, []clientv3.Cmp{l.Fence()}, p.cfg.Writers, p.log, p.cfg.OnTransition)
+	w.timeout = p.cfg.WriteTimeout
+	wg.Go(func() { w.run(ctx) })
+
 	now := time.Now()
-	all := map[cache.Key]*tracked{}
-	due := &queue{}
+	f := p.newFollower()
+	f.gone = w.forget
 	for _, in := range insts {
 		// Spread the instances already probed over their interval, so a
 		// takeover does not probe everything at once; one never probed
 		// waits for its first probe to be routable: at once.
-		p.track(all, due, in, now, in.GetHealth().GetState() == registryv1.HealthState_HEALTH_STATE_UNKNOWN)
+		f.track(in, now, in.GetHealth().GetState() == registryv1.HealthState_HEALTH_STATE_UNKNOWN)
 	}
 	if p.cfg.OrphanRetention > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.sweep(ctx, l)
-		}()
+		wg.Go(func() { p.sweep(ctx, l) })
 	}
-	p.log.Info("probing", "instances", len(all), "fence", l.Rev)
+	p.log.Info("probing", "instances", len(f.all), "fence", l.Rev)
 	results := make(chan result, p.cfg.Concurrency)
 	inflight := 0
+	due := f.due
 	// Probes start when due (a timer on the earliest) or as soon as a slot
 	// frees: no tick quantizes the interval or caps the rate.
 	timer := time.NewTimer(0)
@@ -211,12 +236,18 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-w.Fenced():
+			if p.cfg.OnFenced != nil {
+				p.cfg.OnFenced()
+			}
+			p.log.Error("health write refused by the fence: no longer the leader; stopping", "fence", l.Rev)
+			return fmt.Errorf("health write: %w", election.ErrFenced)
 		case now := <-timer.C:
 			launch(now)
 		case now := <-views.C:
 			if snap := p.cfg.View(); snap.Revision() != seen {
 				seen = snap.Revision()
-				p.sync(all, due, snap, now)
+				f.sync(snap, now)
 				launch(now)
 			}
 		case r := <-results:
@@ -240,26 +271,8 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 			if !changed {
 				continue
 			}
-			key := cache.Key{Service: t.inst.Service, ID: t.inst.Id}
-			if err := p.write(ctx, l, key, t, tr, r.res); err != nil {
-				if errors.Is(err, store.ErrGuard) {
-					if p.cfg.OnFenced != nil {
-						p.cfg.OnFenced()
-					}
-					p.log.Error("health write refused by the fence: no longer the leader; stopping", "fence", l.Rev, "instance", key)
-					return fmt.Errorf("write %s/%s: %w", key.Service, key.ID, election.ErrFenced)
-				}
-				if errors.Is(err, record.ErrNotFound) {
-					p.untrack(all, key)
-					continue
-				}
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				// etcd trouble: keep the machine's state and write it again
-				// on the next transition; log it loudly.
-				p.log.Error("health transition not written", "instance", key, "to", tr.To, "err", err)
-			}
+			w.submit(t.inst, tr, &registryv1.Health{State: tr.To, Since: timestamppb.New(tr.At), Reason: tr.Reason,
+				LastLatency: durationpb.New(r.res.Latency), Observer: p.cfg.Node, Fence: l.Rev})
 		}
 	}
 }
@@ -269,12 +282,46 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/10 + rand.N(d/5+1)
 }
 
+// follower keeps the tracked instances in step with the view; owned by
+// Lead's goroutine. After the first view it follows by difference: the
+// cache builds each snapshot copy-on-write per service (an unchanged
+// service keeps its slice, an unchanged instance its pointer), so comparing
+// two snapshots costs a pointer comparison per service plus a walk of the
+// services that changed, and only the instances that changed are visited.
+type follower struct {
+	p    *Prober
+	all  map[cache.Key]*tracked
+	due  *queue
+	prev *cache.Snapshot // the view last followed; nil before the first
+	// lists are prev's services and their slices, sorted by name, so the
+	// next view is compared with one map read per service; spare is the
+	// other buffer, reused.
+	lists, spare []serviceList
+	// starts counts the probe loops started (track calls): a loop is
+	// started for a new instance, or again for one registered anew or
+	// whose check changed, never for one that did not change.
+	starts int
+	// gone is called for an instance no longer followed (its key left the
+	// view).
+	gone func(cache.Key)
+}
+
+type serviceList struct {
+	name string
+	list []*registryv1.Instance
+}
+
+func (p *Prober) newFollower() *follower {
+	return &follower{p: p, all: map[cache.Key]*tracked{}, due: &queue{}}
+}
+
 // track starts following inst if it has a check, from its stored health:
 // its first probe at once, or somewhere in its first interval if not now.
-func (p *Prober) track(all map[cache.Key]*tracked, due *queue, in *registryv1.Instance, now time.Time, immediate bool) *tracked {
+func (f *follower) track(in *registryv1.Instance, now time.Time, immediate bool) *tracked {
 	if in.GetCheck().GetKind() == registryv1.CheckKind_CHECK_KIND_NONE {
 		return nil
 	}
+	p := f.p
 	th := p.cfg.Thresholds.With(in.Check)
 	interval := p.cfg.Interval
 	if d := in.GetCheck().GetInterval().AsDuration(); d > 0 {
@@ -292,78 +339,136 @@ func (p *Prober) track(all map[cache.Key]*tracked, due *queue, in *registryv1.In
 	if !immediate {
 		t.nextAt = now.Add(rand.N(interval))
 	}
-	all[cache.Key{Service: in.Service, ID: in.Id}] = t
-	heap.Push(due, t)
+	f.all[cache.Key{Service: in.Service, ID: in.Id}] = t
+	heap.Push(f.due, t)
+	f.starts++
 	return t
 }
 
 // untrack stops following key; a probe in flight is discarded on return.
-func (p *Prober) untrack(all map[cache.Key]*tracked, key cache.Key) {
-	if t := all[key]; t != nil {
+func (f *follower) untrack(key cache.Key) {
+	if t := f.all[key]; t != nil {
 		t.gone = true
-		delete(all, key)
+		delete(f.all, key)
 	}
 }
 
-// sync follows the instance set: new instances are tracked, gone ones
-// dropped, changed ones keep their machine unless registered anew.
-func (p *Prober) sync(all map[cache.Key]*tracked, due *queue, snap *cache.Snapshot, now time.Time) {
-	live := make(map[cache.Key]bool, len(all))
-	for _, in := range snap.All() {
-		key := cache.Key{Service: in.Service, ID: in.Id}
-		live[key] = true
-		t := all[key]
+// sync follows the instance set to snap: new instances are tracked, gone
+// ones dropped, changed ones keep their machine unless registered anew.
+func (f *follower) sync(snap *cache.Snapshot, now time.Time) {
+	if snap == f.prev {
+		return
+	}
+	first := f.prev == nil
+	if first {
+		f.full(snap, now)
+	}
+	// Both sides sorted by name: one walk finds the services changed,
+	// added and gone.
+	next, k := f.spare[:0], 0
+	for _, svc := range snap.Services() {
+		cur := snap.Instances(svc)
+		for ; k < len(f.lists) && f.lists[k].name < svc; k++ {
+			f.service(f.lists[k].list, nil, now) // gone
+		}
+		var old []*registryv1.Instance
+		if k < len(f.lists) && f.lists[k].name == svc {
+			old = f.lists[k].list
+			k++
+		}
+		if !first && !sameSlice(cur, old) {
+			f.service(old, cur, now)
+		}
+		next = append(next, serviceList{svc, cur})
+	}
+	for ; k < len(f.lists); k++ {
+		f.service(f.lists[k].list, nil, now)
+	}
+	clear(f.lists) // let the old view's slices go
+	f.lists, f.spare = next, f.lists
+	f.prev = snap
+}
+
+// sameSlice reports whether a and b are the same slice: the cache gives a
+// changed service a new slice, and an unchanged one keeps its own.
+func sameSlice(a, b []*registryv1.Instance) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// service follows one service from old to cur (both sorted by id): an
+// instance kept by pointer is unchanged and not looked at.
+func (f *follower) service(old, cur []*registryv1.Instance, now time.Time) {
+	i, j := 0, 0
+	for i < len(old) || j < len(cur) {
+		if i < len(old) && j < len(cur) && old[i] == cur[j] {
+			i, j = i+1, j+1 // unchanged: the common case, no string compared
+			continue
+		}
 		switch {
-		case t == nil:
-			p.track(all, due, in, now, true)
-		case in.CreateRevision != t.inst.CreateRevision ||
-			(in.GetHealth() == nil && t.machine.State() != registryv1.HealthState_HEALTH_STATE_UNKNOWN) ||
-			in.Address != t.inst.Address || !sameCheck(in.Check, t.inst.Check):
-			// Registered anew (or moved, or its check changed): start
-			// over from what is stored.
-			p.untrack(all, key)
-			p.track(all, due, in, now, true)
-		default:
-			t.inst = in
+		case j == len(cur) || (i < len(old) && old[i].Id < cur[j].Id):
+			f.drop(cache.Key{Service: old[i].Service, ID: old[i].Id})
+			i++
+		case i == len(old) || cur[j].Id < old[i].Id:
+			f.seen(cur[j], now)
+			j++
+		default: // the same id, another record
+			f.seen(cur[j], now)
+			i++
+			j++
 		}
 	}
-	for key, t := range all {
+}
+
+// full follows snap by scanning all of it: the first view, against what
+// Lead read from etcd.
+func (f *follower) full(snap *cache.Snapshot, now time.Time) {
+	live := make(map[cache.Key]bool, len(f.all))
+	for _, in := range snap.All() {
+		live[cache.Key{Service: in.Service, ID: in.Id}] = true
+		f.seen(in, now)
+	}
+	for key := range f.all {
 		if !live[key] {
-			p.untrack(all, key)
-			p.cfg.Probe.Forget(t.inst.Address)
+			f.drop(key)
 		}
 	}
 }
 
-func sameCheck(a, b *registryv1.HealthCheck) bool {
-	return a.GetKind() == b.GetKind() && a.GetTarget() == b.GetTarget() &&
-		a.GetInterval().AsDuration() == b.GetInterval().AsDuration() &&
-		a.GetTimeout().AsDuration() == b.GetTimeout().AsDuration()
+// seen follows in, an instance new or changed in the view.
+func (f *follower) seen(in *registryv1.Instance, now time.Time) {
+	key := cache.Key{Service: in.Service, ID: in.Id}
+	t := f.all[key]
+	switch {
+	case t == nil:
+		f.track(in, now, true)
+	case in.CreateRevision != t.inst.CreateRevision ||
+		(in.GetHealth() == nil && t.machine.State() != registryv1.HealthState_HEALTH_STATE_UNKNOWN) ||
+		in.Address != t.inst.Address || !sameCheck(in.Check, t.inst.Check):
+		// Registered anew (or moved, or its check changed): start
+		// over from what is stored.
+		f.untrack(key)
+		f.track(in, now, true)
+	default:
+		t.inst = in
+	}
 }
 
-// write records one transition, through the fence, keeping the lease.
-func (p *Prober) write(ctx context.Context, l *election.Leadership, key cache.Key, t *tracked, tr health.Transition, res health.Result) error {
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	h := &registryv1.Health{State: tr.To, Since: timestamppb.New(tr.At), Reason: tr.Reason,
-		LastLatency: durationpb.New(res.Latency), Observer: p.cfg.Node, Fence: l.Rev}
-	inst, _, err := p.cfg.Store.UpdateIf(wctx, key.Service, key.ID, []clientv3.Cmp{l.Fence()}, func(in *registryv1.Instance) error {
-		if in.CreateRevision != t.inst.CreateRevision {
-			return fmt.Errorf("%s/%s was registered anew: %w", key.Service, key.ID, record.ErrNotFound)
-		}
-		in.Health = h
-		return nil
-	})
-	if err != nil {
-		return err
+// drop stops following key, which left the view.
+func (f *follower) drop(key cache.Key) {
+	t := f.all[key]
+	if t == nil {
+		return
 	}
-	t.inst = inst
-	if p.cfg.OnTransition != nil {
-		p.cfg.OnTransition(tr)
+	f.untrack(key)
+	f.p.cfg.Probe.Forget(t.inst.Address)
+	if f.gone != nil {
+		f.gone(key)
 	}
-	p.log.Info("health transition", "instance", key.Service+"/"+key.ID, "from", tr.From.String(), "to", tr.To.String(), "reason", tr.Reason)
-	return nil
 }
+
+// sameCheck reports whether two check specs are the same: any field
+// (kind, target, interval, timeout, thresholds) changed means a new loop.
+func sameCheck(a, b *registryv1.HealthCheck) bool { return proto.Equal(a, b) }
 
 // sweep deletes, through the fence, the saved states this leader has seen
 // without a record for OrphanRetention, until ctx ends or the fence refuses
