@@ -257,7 +257,7 @@ type Node struct {
 	metrics *metrics.Metrics
 	hub     *fanout.Hub
 	stopHub context.CancelFunc
-	probe   *probe.Prober
+	probe   *probe.Checker
 	stopEl  context.CancelFunc
 	elDone  chan struct{}
 	mhttp   *http.Server

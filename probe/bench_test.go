@@ -9,7 +9,7 @@ import (
 
 // benchProbe probes addr with spec in a loop and reports probes/s.
 func benchProbe(b *testing.B, addr string, spec *registryv1.HealthCheck) {
-	p := newProber(b, Config{})
+	p := newChecker(b, Config{})
 	b.ReportAllocs()
 	for b.Loop() {
 		if r := p.Probe(b.Context(), addr, spec, noSlow); r.Outcome != health.OK {

@@ -20,7 +20,7 @@
 //	      service are Unhealthy.
 //	NONE  no probe at all: OK.
 //
-// A Prober holds the resources probes reuse: one HTTP client with a bounded
+// A Checker holds the resources probes reuse: one HTTP client with a bounded
 // pool of keep-alive connections, and one gRPC ClientConn per address. It
 // is safe for concurrent use by many goroutines.
 package probe

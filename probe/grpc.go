@@ -16,7 +16,7 @@ import (
 	"github.com/regcluster/registry/health"
 )
 
-// grpcDialOptions are the Prober's own options for its ClientConns.
+// grpcDialOptions are the Checker's own options for its ClientConns.
 //
 // A cached ClientConn reconnects in the background with backoff. gRPC's
 // default backoff grows to two minutes, so an instance that came back would
@@ -41,7 +41,7 @@ func grpcDialOptions() []grpc.DialOption {
 
 // conn returns the cached ClientConn to address, creating it (without I/O)
 // on first use.
-func (p *Prober) conn(address string) (*grpc.ClientConn, error) {
+func (p *Checker) conn(address string) (*grpc.ClientConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cc := p.mu.conns[address]; cc != nil {
@@ -61,7 +61,7 @@ func (p *Prober) conn(address string) (*grpc.ClientConn, error) {
 // service is Unhealthy ("health service not implemented"). The RPC fails
 // fast while the connection is down, so a refused connection is an Error,
 // not a wait for the timeout.
-func (p *Prober) probeGRPC(ctx context.Context, address, service string, timeout time.Duration) (health.Outcome, string) {
+func (p *Checker) probeGRPC(ctx context.Context, address, service string, timeout time.Duration) (health.Outcome, string) {
 	cc, err := p.conn(address)
 	if err != nil {
 		return health.Error, "gRPC client: " + err.Error()

@@ -25,10 +25,10 @@ import (
 // expected to answer never times out instead.
 const steadyTimeout = 10 * time.Second
 
-// newProber returns a Prober closed when the test ends (before the servers
+// newChecker returns a Checker closed when the test ends (before the servers
 // the test started earlier). Its default timeout is steadyTimeout unless
 // cfg sets one.
-func newProber(t testing.TB, cfg Config) *Prober {
+func newChecker(t testing.TB, cfg Config) *Checker {
 	t.Helper()
 	if cfg.DefaultTimeout == 0 {
 		cfg.DefaultTimeout = steadyTimeout

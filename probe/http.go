@@ -26,7 +26,7 @@ const (
 	maxHeaderBytes      = 64 << 10
 )
 
-// newTransport returns the Prober's HTTP transport: plain HTTP/1.1 with a
+// newTransport returns the Checker's HTTP transport: plain HTTP/1.1 with a
 // bounded keep-alive pool, and no proxy (the environment's proxy settings
 // are for callers, not for reaching instances directly).
 func newTransport() *http.Transport {
@@ -49,7 +49,7 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 // is Unhealthy. The probe is complete when the status and up to MaxBody
 // bytes of the body have arrived: an error while reading them counts like
 // any other.
-func (p *Prober) probeHTTP(ctx context.Context, address, target string, timeout time.Duration) (health.Outcome, string) {
+func (p *Checker) probeHTTP(ctx context.Context, address, target string, timeout time.Duration) (health.Outcome, string) {
 	if !strings.HasPrefix(target, "/") {
 		target = "/" + target
 	}

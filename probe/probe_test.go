@@ -29,7 +29,7 @@ const (
 )
 
 func TestTCP(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	open, closed := tcpListener(t), closedAddr(t)
 
 	r := p.Probe(t.Context(), open, check(kindTCP, "", 0), noSlow)
@@ -43,7 +43,7 @@ func TestTCP(t *testing.T) {
 }
 
 func TestHTTP(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	h := newHTTPTarget(t)
 	spec := check(kindHTTP, "/healthz", 2*time.Second)
 
@@ -75,7 +75,7 @@ func TestHTTP(t *testing.T) {
 }
 
 func TestHTTPSlow(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	h := newHTTPTarget(t)
 	h.set(modeSlow)
 	slow := 50 * time.Millisecond
@@ -93,7 +93,7 @@ func TestHTTPSlow(t *testing.T) {
 }
 
 func TestHTTPHung(t *testing.T) {
-	p := newProber(t, Config{DefaultTimeout: 200 * time.Millisecond})
+	p := newChecker(t, Config{DefaultTimeout: 200 * time.Millisecond})
 	h := newHTTPTarget(t)
 	h.set(modeHung)
 
@@ -146,7 +146,7 @@ func assertNear(t testing.TB, latency, timeout time.Duration) {
 }
 
 func TestHTTPRefused(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	want(t, p.Probe(t.Context(), closedAddr(t), check(kindHTTP, "/healthz", 0), noSlow), health.Error, "connection refused")
 }
 
@@ -169,13 +169,13 @@ func TestHTTPClosedByTarget(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { _ = ln.Close(); <-done })
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	want(t, p.Probe(t.Context(), ln.Addr().String(), check(kindHTTP, "/healthz", 0), noSlow),
 		health.Error, "connection closed by the target")
 }
 
 func TestGRPC(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	g := newGRPCTarget(t, true)
 
 	want(t, p.Probe(t.Context(), g.addr, check(kindGRPC, "", 0), noSlow), health.OK, "")
@@ -202,13 +202,13 @@ func TestGRPC(t *testing.T) {
 }
 
 func TestGRPCWithoutHealthService(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	g := newGRPCTarget(t, false)
 	want(t, p.Probe(t.Context(), g.addr, check(kindGRPC, "", 0), noSlow), health.Unhealthy, "health service not implemented")
 }
 
 func TestGRPCHung(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	addr := hungListener(t)
 	for range 2 { // the second probe waits on the same, still unanswered, connection
 		r := p.Probe(t.Context(), addr, check(kindGRPC, "", 300*time.Millisecond), noSlow)
@@ -218,7 +218,7 @@ func TestGRPCHung(t *testing.T) {
 }
 
 func TestGRPCRefusedThenBack(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	addr := closedAddr(t)
 	r := p.Probe(t.Context(), addr, check(kindGRPC, "", 0), noSlow)
 	want(t, r, health.Error, "connection refused") // failed fast, not a wait for the timeout
@@ -248,7 +248,7 @@ func TestGRPCRefusedThenBack(t *testing.T) {
 }
 
 func TestNoCheck(t *testing.T) {
-	p := newProber(t, Config{})
+	p := newChecker(t, Config{})
 	for _, spec := range []*registryv1.HealthCheck{nil, check(kindNone, "", 0)} {
 		r := p.Probe(t.Context(), "unreachable.invalid:1", spec, noSlow)
 		want(t, r, health.OK, "")

@@ -12,7 +12,7 @@ import (
 // with a reset (SO_LINGER 0), as load balancers' TCP checks do, so that a
 // prober connecting to thousands of instances every second does not leave
 // a socket in TIME_WAIT for each probe.
-func (p *Prober) probeTCP(ctx context.Context, address string, timeout time.Duration) (health.Outcome, string) {
+func (p *Checker) probeTCP(ctx context.Context, address string, timeout time.Duration) (health.Outcome, string) {
 	conn, err := p.dialer.DialContext(ctx, "tcp", address)
 	if err != nil {
 		return failure(ctx, err, timeout)

@@ -52,7 +52,7 @@ type Config struct {
 	// View returns the current instances (required): the regnode's cache.
 	View func() *cache.Snapshot
 	// Probe runs the probes (required).
-	Probe *probe.Prober
+	Probe *probe.Checker
 	// Thresholds are the global defaults; an instance's check overrides
 	// them field by field (default health.DefaultThresholds()).
 	Thresholds health.Thresholds

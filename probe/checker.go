@@ -20,29 +20,29 @@ import (
 // Config sets one.
 const DefaultTimeout = 500 * time.Millisecond
 
-// Config configures a Prober. The zero Config is valid.
+// Config configures a Checker. The zero Config is valid.
 type Config struct {
 	// DefaultTimeout bounds a probe whose check spec sets no timeout
 	// (default DefaultTimeout).
 	DefaultTimeout time.Duration
-	// HTTPClient, if set, sends HTTP probes instead of the Prober's own
-	// client. The Prober uses a copy that never follows redirects, and
+	// HTTPClient, if set, sends HTTP probes instead of the Checker's own
+	// client. The Checker uses a copy that never follows redirects, and
 	// leaves the client's transport open on Close: the caller owns it.
 	HTTPClient *http.Client
 	// GRPCDialOptions are added to the options of every gRPC ClientConn
-	// the Prober creates (after its own: plaintext, no proxy, a connect
+	// the Checker creates (after its own: plaintext, no proxy, a connect
 	// backoff capped at one second).
 	GRPCDialOptions []grpc.DialOption
-	// Logger receives the Prober's own troubles, never probe results
+	// Logger receives the Checker's own troubles, never probe results
 	// (default slog.Default()).
 	Logger *slog.Logger
 }
 
-// Prober runs probes. Create it with New and Close it when done.
-type Prober struct {
+// Checker runs probes. Create it with New and Close it when done.
+type Checker struct {
 	timeout   time.Duration
 	http      *http.Client
-	transport *http.Transport // the Prober's own, closed by Close; nil if Config.HTTPClient
+	transport *http.Transport // the Checker's own, closed by Close; nil if Config.HTTPClient
 	dialer    net.Dialer
 	grpcOpts  []grpc.DialOption
 	log       *slog.Logger
@@ -56,9 +56,9 @@ type Prober struct {
 	}
 }
 
-// New returns a Prober configured by cfg. It does no I/O.
-func New(cfg Config) *Prober {
-	p := &Prober{
+// New returns a Checker configured by cfg. It does no I/O.
+func New(cfg Config) *Checker {
+	p := &Checker{
 		timeout: cfg.DefaultTimeout,
 		log:     cfg.Logger,
 	}
@@ -85,12 +85,12 @@ func New(cfg Config) *Prober {
 // the result, classified against slow. It returns within the probe's
 // timeout: spec.Timeout if set, else the Config's default, or sooner if ctx
 // ends first. A nil spec, or CHECK_KIND_NONE, returns OK at once, with zero
-// latency, without any I/O, even on a closed Prober: an instance without a
+// latency, without any I/O, even on a closed Checker: an instance without a
 // check is taken at its word. Otherwise a canceled ctx gives an Error
 // ("probe canceled") that callers shutting down should discard, and a
-// closed Prober gives an Error ("prober closed"). Probe is safe for
+// closed Checker gives an Error ("prober closed"). Probe is safe for
 // concurrent use; probes of one address share its cached connections.
-func (p *Prober) Probe(ctx context.Context, address string, spec *registryv1.HealthCheck, slow time.Duration) health.Result {
+func (p *Checker) Probe(ctx context.Context, address string, spec *registryv1.HealthCheck, slow time.Duration) health.Result {
 	start := time.Now()
 	kind := spec.GetKind()
 	if kind == registryv1.CheckKind_CHECK_KIND_NONE {
@@ -132,8 +132,8 @@ func (p *Prober) Probe(ctx context.Context, address string, spec *registryv1.Hea
 	}, slow)
 }
 
-// begin registers a probe in flight, unless the Prober is closed.
-func (p *Prober) begin() bool {
+// begin registers a probe in flight, unless the Checker is closed.
+func (p *Checker) begin() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.mu.closed {
@@ -147,7 +147,7 @@ func (p *Prober) begin() bool {
 // call it when the instance at address leaves the registry. A probe in
 // flight on that connection fails. Idle HTTP keep-alive connections to the
 // address are not closed here; they expire after 30 seconds idle.
-func (p *Prober) Forget(address string) {
+func (p *Checker) Forget(address string) {
 	p.mu.Lock()
 	cc := p.mu.conns[address]
 	delete(p.mu.conns, address)
@@ -159,11 +159,11 @@ func (p *Prober) Forget(address string) {
 	}
 }
 
-// Close stops the Prober: new probes return "prober closed" at once, Close
+// Close stops the Checker: new probes return "prober closed" at once, Close
 // waits for the probes in flight (each ends within its timeout), then closes
 // every cached gRPC connection and the idle HTTP connections of the
-// Prober's own transport. Close is idempotent; only the first call waits.
-func (p *Prober) Close() error {
+// Checker's own transport. Close is idempotent; only the first call waits.
+func (p *Checker) Close() error {
 	p.mu.Lock()
 	if p.mu.closed {
 		p.mu.Unlock()
