@@ -184,8 +184,13 @@ func DefaultConfig() Config {
 		ShutdownGrace: 2 * time.Second,
 		ProbeInterval: time.Second,
 		ProbeTimeout:  500 * time.Millisecond,
-		Thresholds:    health.DefaultThresholds(),
-		Limits:        peerlimit.DefaultConfig(),
+		// Zero values keep working (each component fills its own
+		// default); these are the same, stated once so the flags show them.
+		ProbeConcurrency: 64,
+		RingSize:         10000,
+		QueueSize:        1024,
+		Thresholds:       health.DefaultThresholds(),
+		Limits:           peerlimit.DefaultConfig(),
 
 		MaxConcurrentStreams: DefaultMaxConcurrentStreams,
 		MaxRequestBytes:      DefaultMaxRequestBytes,
@@ -221,6 +226,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ProbeTimeout < 0 || c.ProbeConcurrency < 0 {
 		return errors.New("--probe-timeout and --probe-concurrency must not be negative")
+	}
+	if c.RingSize < 0 || c.QueueSize < 0 {
+		return errors.New("--watch-ring-size and --watch-queue-size must not be negative")
 	}
 	if c.Thresholds != (health.Thresholds{}) {
 		if err := c.Thresholds.Validate(); err != nil {

@@ -31,6 +31,8 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
+// usageError marks a bad command line: regnode says so, points at --help and
+// exits 2 (a failure to run exits 1).
 type usageError struct{ error }
 
 func run(args []string) int {
@@ -51,7 +53,12 @@ func run(args []string) int {
 it a client of an external etcd cluster; --name/--initial-cluster and the URL
 flags let several regnodes embed the members of one etcd cluster.
 Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
-		Args:          cobra.NoArgs,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if err := cobra.NoArgs(cmd, args); err != nil {
+				return usageError{err}
+			}
+			return nil
+		},
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -102,14 +109,14 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "Prometheus /metrics address, or \"off\"")
 	f.DurationVar(&cfg.ProbeInterval, "probe-interval", cfg.ProbeInterval, "probe interval of instances whose check does not set one")
 	f.DurationVar(&cfg.ProbeTimeout, "probe-timeout", cfg.ProbeTimeout, "probe timeout of instances whose check does not set one")
-	f.IntVar(&cfg.ProbeConcurrency, "probe-concurrency", 64, "probes in flight at most")
+	f.IntVar(&cfg.ProbeConcurrency, "probe-concurrency", cfg.ProbeConcurrency, "probes in flight at most")
 	f.IntVar(&cfg.Thresholds.FailuresToDegraded, "degrade-after", cfg.Thresholds.FailuresToDegraded, "HEALTHY -> DEGRADED after this many consecutive failed or slow probes")
 	f.IntVar(&cfg.Thresholds.FailuresToUnavailable, "unavailable-after", cfg.Thresholds.FailuresToUnavailable, "DEGRADED -> UNAVAILABLE after this many consecutive failures")
 	f.IntVar(&cfg.Thresholds.SuccessesToHealthy, "recover-after", cfg.Thresholds.SuccessesToHealthy, "DEGRADED -> HEALTHY after this many consecutive successes")
 	f.IntVar(&cfg.Thresholds.SuccessesToDegraded, "revive-after", cfg.Thresholds.SuccessesToDegraded, "UNAVAILABLE -> DEGRADED after this many consecutive responses")
 	f.DurationVar(&cfg.Thresholds.Slow, "slow-threshold", cfg.Thresholds.Slow, "a probe slower than this counts as degraded")
-	f.IntVar(&cfg.RingSize, "watch-ring-size", 10000, "recent events kept to resume subscribers without a reset")
-	f.IntVar(&cfg.QueueSize, "watch-queue-size", 1024, "messages queued per subscriber before it is reset")
+	f.IntVar(&cfg.RingSize, "watch-ring-size", cfg.RingSize, "recent events kept to resume subscribers without a reset")
+	f.IntVar(&cfg.QueueSize, "watch-queue-size", cfg.QueueSize, "messages queued per subscriber before it is reset")
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "how long calls in flight may finish on shutdown")
 	f.Float64Var(&cfg.Limits.WriteRate, "write-rate", cfg.Limits.WriteRate, "Register, Deregister, Drain and Undrain calls per second per peer address")
 	f.IntVar(&cfg.Limits.WriteBurst, "write-burst", cfg.Limits.WriteBurst, "writes a peer may make at once before --write-rate applies")
@@ -158,7 +165,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "regnode: %v\n", err)
 		var ue usageError
-		if errors.As(err, &ue) || strings.Contains(err.Error(), "unknown") {
+		if errors.As(err, &ue) {
 			fmt.Fprintln(os.Stderr, "Run 'regnode --help' for usage.")
 			return 2
 		}

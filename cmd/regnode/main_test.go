@@ -215,6 +215,7 @@ func TestBadConfigurationExits2(t *testing.T) {
 		{"tiny request cap", map[string]string{"REGNODE_MAX_REQUEST_BYTES": "1024"}, nil, "--max-request-bytes"},
 		{"tiny response cap", nil, []string{"--max-response-bytes", "1024"}, "--max-response-bytes"},
 		{"negative stream cap", nil, []string{"--max-concurrent-streams", "-1"}, "--max-concurrent-streams"},
+		{"negative ring", nil, []string{"--watch-ring-size", "-1"}, "--watch-ring-size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.env, tc.args...)
