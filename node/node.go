@@ -117,6 +117,13 @@ type Config struct {
 	// else user root with a password generated on the first start and
 	// kept in the data dir (RootPasswordFile, mode 0600).
 	EmbedAuth bool
+	// Auth turns scoped tokens on (--auth): every registry.v1 call needs
+	// a token whose role and scope allow it (see package token). The
+	// first start writes an admin token to AdminTokenFile.
+	Auth bool
+	// AdminTokenFile is where the first admin token is written (default
+	// <data dir>/admin-token, with an external etcd too).
+	AdminTokenFile string
 }
 
 // Keepalive on the API. A subscriber whose machine vanished (or whose
@@ -213,6 +220,8 @@ type Node struct {
 	mhttp   *http.Server
 	self    *selfListener // the HTTP API's way in when the API serves TLS, or nil
 	mlis    net.Listener
+
+	stopAuth context.CancelFunc // stops the token cache's watch, or nil
 
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -385,8 +394,22 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.OperatorDeregister == "none" {
 		operator = server.NoOperator
 	}
+	var (
+		unary    = []grpc.UnaryServerInterceptor{n.metrics.UnaryInterceptor()}
+		stream   = []grpc.StreamServerInterceptor{n.metrics.StreamInterceptor()}
+		limitKey func(context.Context) string
+		tokens   *server.Tokens
+	)
+	if cfg.Auth { // auth.go
+		var check *server.Auth
+		if check, tokens, err = n.startAuth(ctx); err != nil {
+			return nil, err
+		}
+		unary, stream = append(unary, check.Unary()), append(stream, check.Stream())
+		operator, limitKey = server.TokenOperator, server.TokenLimitKey
+	}
 	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
-		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator})
+		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey})
 	if err != nil {
 		return nil, err
 	}
@@ -401,10 +424,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.grpc = grpc.NewServer(append(append(transport,
 		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
 		grpc.KeepaliveParams(keepaliveServer),
-		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor(), n.noSpaceLog()),
-		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
+		grpc.ChainUnaryInterceptor(append(unary, n.noSpaceLog())...),
+		grpc.ChainStreamInterceptor(stream...),
 	), server.DecodeOptions()...)...)
 	registryv1.RegisterRegistryServer(n.grpc, api)
+	if tokens != nil {
+		registryv1.RegisterTokensServer(n.grpc, tokens)
+	}
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
 	reflection.Register(n.grpc)
@@ -458,7 +484,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		mode = "external etcd " + strings.Join(endpoints, ",")
 	}
 	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "metrics", n.MetricsAddr(),
-		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "",
+		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "", "auth", cfg.Auth,
 		"etcd", mode, "prefix", cfg.Prefix)
 	return n, nil
 }
@@ -552,6 +578,9 @@ func (n *Node) shutdown() error {
 	}
 	if n.grpc == nil && n.lis != nil {
 		n.lis.Close()
+	}
+	if n.stopAuth != nil {
+		n.stopAuth()
 	}
 	n.wg.Wait()
 	if n.cli != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/peerlimit"
+	"github.com/regcluster/registry/internal/token"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/store"
@@ -61,8 +62,11 @@ type Config struct {
 	// Operator decides whether a Deregister without the registration's
 	// secret (an operator removing an instance) is allowed: it returns
 	// nil to allow, or an error saying why not (sent as PermissionDenied).
-	// Default LoopbackOperator. Once tokens land, this is the operate role.
+	// Default LoopbackOperator; with tokens, TokenOperator.
 	Operator func(context.Context) error
+	// LimitKey names the caller whose buckets of Limits a call takes
+	// from (default peerlimit.Peer; with tokens, TokenLimitKey).
+	LimitKey func(context.Context) string
 }
 
 // LoopbackOperator allows operator calls from this regnode's own host (a
@@ -104,6 +108,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Operator == nil {
 		cfg.Operator = LoopbackOperator
+	}
+	if cfg.LimitKey == nil {
+		cfg.LimitKey = peerlimit.Peer
 	}
 	return &Server{cfg: cfg, st: cfg.Store, m: cfg.Metrics, log: cfg.Logger}, nil
 }
@@ -164,7 +171,7 @@ func (s *Server) limit(ctx context.Context, take func(*peerlimit.Limiter, string
 	if s.cfg.Limits == nil {
 		return nil
 	}
-	if err := take(s.cfg.Limits, peerlimit.Peer(ctx)); err != nil {
+	if err := take(s.cfg.Limits, s.cfg.LimitKey(ctx)); err != nil {
 		var le *peerlimit.Error
 		if errors.As(err, &le) {
 			s.m.Limited.WithLabelValues(le.Limit).Inc()
@@ -179,7 +186,7 @@ func (s *Server) openStream(ctx context.Context) (release func(), err error) {
 	if s.cfg.Limits == nil {
 		return func() {}, nil
 	}
-	release, err = s.cfg.Limits.OpenStream(peerlimit.Peer(ctx))
+	release, err = s.cfg.Limits.OpenStream(s.cfg.LimitKey(ctx))
 	if err != nil {
 		s.m.Limited.WithLabelValues(peerlimit.Streams).Inc()
 		return nil, toStatus(err)
@@ -195,6 +202,9 @@ func (s *Server) audit(ctx context.Context, method, service, id string, err erro
 	if err != nil {
 		result = status.Code(err).String()
 		attrs = append(attrs, slog.String("error", status.Convert(err).Message()))
+	}
+	if r, ok := token.FromContext(ctx); ok {
+		attrs = append(attrs, slog.String("token", r.Name))
 	}
 	s.log.LogAttrs(ctx, slog.LevelInfo, "audit",
 		append([]slog.Attr{slog.String("peer", peerlimit.Peer(ctx)), slog.String("method", method),

@@ -1,0 +1,72 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/regcluster/registry/internal/token"
+	"github.com/regcluster/registry/server"
+)
+
+// AdminTokenFile is the file, in the data dir (--data-dir, also with an
+// external etcd), that the first regnode started with --auth writes the
+// first admin token to (mode 0600), unless Config.AdminTokenFile names
+// another.
+const AdminTokenFile = "admin-token"
+
+// adminTokenPath is where this regnode would write the first admin token.
+func (c *Config) adminTokenPath() string {
+	if c.AdminTokenFile != "" {
+		return c.AdminTokenFile
+	}
+	return filepath.Join(c.Embed.Dir, AdminTokenFile)
+}
+
+// startAuth turns scoped tokens on: the first admin token if the registry
+// has never had one, the token cache (one etcd watch, run until Close,
+// filled before the API serves a call), and the check and the Tokens
+// service built on it. Only the token file's path is ever logged.
+func (n *Node) startAuth(ctx context.Context) (*server.Auth, *server.Tokens, error) {
+	cfg := n.cfg
+	bctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	file, by, created, err := token.Bootstrap(bctx, n.cli, cfg.Prefix, cfg.adminTokenPath(), cfg.Name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("auth: first admin token: %w", err)
+	}
+	if created {
+		n.log.Info("auth on: wrote the first admin token (role admin, scope all); keep it, or create others with it and revoke it",
+			"file", file)
+	} else {
+		n.log.Info("auth on: the first admin token was made earlier", "by_regnode", by, "file", file)
+	}
+	cache, err := token.NewCache(token.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
+		OnJunk: func(string, error) { n.metrics.JunkSkipped.Inc() }})
+	if err != nil {
+		return nil, nil, err
+	}
+	cctx, stop := context.WithCancel(context.Background())
+	n.stopAuth = stop
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		_ = cache.Run(cctx) // ends with cctx, on Close
+	}()
+	select {
+	case <-cache.Ready():
+	case <-bctx.Done():
+		return nil, nil, fmt.Errorf("auth: load the tokens from etcd: %w", bctx.Err())
+	}
+	a, err := server.NewAuth(cache, n.metrics, n.log)
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := server.NewTokens(server.TokensConfig{Cache: cache, Client: n.cli, Prefix: cfg.Prefix,
+		Metrics: n.metrics, Logger: n.log})
+	if err != nil {
+		return nil, nil, err
+	}
+	return a, t, nil
+}
