@@ -21,7 +21,11 @@ func (c *Config) adminTokenPath() string {
 	if c.AdminTokenFile != "" {
 		return c.AdminTokenFile
 	}
-	return filepath.Join(c.Embed.Dir, AdminTokenFile)
+	dir := c.Embed.Dir
+	if dir == "" {
+		dir = DefaultConfig().Embed.Dir
+	}
+	return filepath.Join(dir, AdminTokenFile)
 }
 
 // startAuth turns scoped tokens on: the first admin token if the registry

@@ -95,8 +95,14 @@ func requirement(method string, req any) (token.Method, string, error) {
 		}
 		return one(token.Deregister, r.Service)
 	case *registryv1.DrainRequest:
+		if r.Secret != "" {
+			return one(token.DrainOwn, r.Service)
+		}
 		return one(token.Drain, r.Service)
 	case *registryv1.UndrainRequest:
+		if r.Secret != "" {
+			return one(token.UndrainOwn, r.Service)
+		}
 		return one(token.Undrain, r.Service)
 	case *registryv1.CreateTokenRequest:
 		return token.CreateToken, "", nil

@@ -386,9 +386,11 @@ func (s *Server) deregister(ctx context.Context, req *registryv1.DeregisterReque
 	return &registryv1.DeregisterResponse{Deleted: deleted, Revision: rev}, nil
 }
 
-// Drain marks an instance DRAINING with compare-and-swap.
+// Drain marks an instance DRAINING with compare-and-swap. With the
+// registration's secret it is the owner's drain (another secret:
+// PermissionDenied, nothing written).
 func (s *Server) Drain(ctx context.Context, req *registryv1.DrainRequest) (*registryv1.DrainResponse, error) {
-	inst, rev, err := s.setLifecycle(ctx, "Drain", req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_DRAINING, req.Reason)
+	inst, rev, err := s.setLifecycle(ctx, "Drain", req.Secret, req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_DRAINING, req.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -397,16 +399,16 @@ func (s *Server) Drain(ctx context.Context, req *registryv1.DrainRequest) (*regi
 
 // Undrain marks an instance SERVING with compare-and-swap.
 func (s *Server) Undrain(ctx context.Context, req *registryv1.UndrainRequest) (*registryv1.UndrainResponse, error) {
-	inst, rev, err := s.setLifecycle(ctx, "Undrain", req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_SERVING, "")
+	inst, rev, err := s.setLifecycle(ctx, "Undrain", req.Secret, req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_SERVING, "")
 	if err != nil {
 		return nil, err
 	}
 	return &registryv1.UndrainResponse{Instance: inst, Revision: rev}, nil
 }
 
-func (s *Server) setLifecycle(ctx context.Context, method, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
-	inst, rev, err := s.writeLifecycle(ctx, service, id, lc, reason)
-	attrs := []slog.Attr{slog.String("reason", reason)}
+func (s *Server) setLifecycle(ctx context.Context, method, sec, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+	inst, rev, err := s.writeLifecycle(ctx, sec, service, id, lc, reason)
+	attrs := []slog.Attr{slog.String("reason", reason), slog.Bool("owner", sec != "")}
 	if err == nil {
 		attrs = append(attrs, slog.Int64("revision", rev))
 	}
@@ -414,13 +416,25 @@ func (s *Server) setLifecycle(ctx context.Context, method, service, id string, l
 	return inst, rev, err
 }
 
-func (s *Server) writeLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+func (s *Server) writeLifecycle(ctx context.Context, sec, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
 	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
 		return nil, 0, err
 	}
 	cctx, cancel := s.callCtx(ctx)
 	defer cancel()
-	inst, rev, err := s.st.SetLifecycle(cctx, service, id, lc, reason)
+	var (
+		inst *registryv1.Instance
+		rev  int64
+		err  error
+	)
+	if sec != "" { // the owner's own drain or undrain
+		inst, rev, err = s.st.SetLifecycleAs(cctx, sec, service, id, lc, reason)
+	} else {
+		inst, rev, err = s.st.SetLifecycle(cctx, service, id, lc, reason)
+	}
+	if errors.Is(err, store.ErrNotOwner) {
+		s.m.NotOwner.WithLabelValues("SetLifecycle").Inc()
+	}
 	if err != nil {
 		return nil, 0, toStatus(err)
 	}

@@ -26,8 +26,10 @@ const (
 	KeepAlive     Method = "KeepAlive"
 	DeregisterOwn Method = "DeregisterOwn" // with the registration's secret: the owner's
 	Deregister    Method = "Deregister"    // without: an operator's, of any instance
-	Drain         Method = "Drain"
-	Undrain       Method = "Undrain"
+	Drain         Method = "Drain"         // without the registration's secret: an operator's
+	Undrain       Method = "Undrain"       // likewise
+	DrainOwn      Method = "DrainOwn"      // with the secret: the owner's, before it deregisters
+	UndrainOwn    Method = "UndrainOwn"    // with the secret
 	CreateToken   Method = "CreateToken"
 	ListTokens    Method = "ListTokens"
 	RevokeToken   Method = "RevokeToken"
@@ -54,6 +56,8 @@ var rules = map[Method]rule{
 	DeregisterOwn: {roles: []Role{Register, Operate, Admin}, need: Register, services: true},
 	Deregister:    {roles: []Role{Operate, Admin}, need: Operate, services: true},
 	Drain:         {roles: []Role{Operate, Admin}, need: Operate, services: true},
+	DrainOwn:      {roles: []Role{Register, Operate, Admin}, need: Register, services: true},
+	UndrainOwn:    {roles: []Role{Register, Operate, Admin}, need: Register, services: true},
 	Undrain:       {roles: []Role{Operate, Admin}, need: Operate, services: true},
 	CreateToken:   {roles: []Role{Admin}, need: Admin, all: true},
 	ListTokens:    {roles: []Role{Admin}, need: Admin, all: true},

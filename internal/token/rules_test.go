@@ -9,15 +9,17 @@ import (
 // The whole policy, spelled out: for each role, the methods it may call
 // on a service inside its scope. Anything not listed is refused.
 var mayCall = map[token.Role][]token.Method{
-	token.Read:     {token.Get, token.List, token.Watch, token.Status},
-	token.Register: {token.Get, token.List, token.Watch, token.Status, token.RegisterCall, token.KeepAlive, token.DeregisterOwn},
-	token.Operate:  {token.Get, token.List, token.Watch, token.Status, token.DeregisterOwn, token.Deregister, token.Drain, token.Undrain},
+	token.Read: {token.Get, token.List, token.Watch, token.Status},
+	token.Register: {token.Get, token.List, token.Watch, token.Status, token.RegisterCall, token.KeepAlive, token.DeregisterOwn,
+		token.DrainOwn, token.UndrainOwn},
+	token.Operate: {token.Get, token.List, token.Watch, token.Status, token.DeregisterOwn, token.Deregister, token.Drain, token.Undrain,
+		token.DrainOwn, token.UndrainOwn},
 	token.Admin: {token.Get, token.List, token.Watch, token.Status, token.RegisterCall, token.KeepAlive, token.DeregisterOwn,
-		token.Deregister, token.Drain, token.Undrain, token.CreateToken, token.ListTokens, token.RevokeToken},
+		token.Deregister, token.Drain, token.Undrain, token.DrainOwn, token.UndrainOwn, token.CreateToken, token.ListTokens, token.RevokeToken},
 }
 
 var methods = []token.Method{token.Get, token.List, token.Watch, token.Status, token.RegisterCall, token.KeepAlive,
-	token.DeregisterOwn, token.Deregister, token.Drain, token.Undrain, token.CreateToken, token.ListTokens, token.RevokeToken}
+	token.DeregisterOwn, token.Deregister, token.Drain, token.Undrain, token.DrainOwn, token.UndrainOwn, token.CreateToken, token.ListTokens, token.RevokeToken}
 
 // Roles by method, within scope all: every cell of the table.
 func TestRolesByMethod(t *testing.T) {

@@ -1133,10 +1133,14 @@ func (x *DeregisterResponse) GetRevision() int64 {
 }
 
 type DrainRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
-	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Reason  string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// secret, if set, is the registration's (Register returned it): the
+	// owner draining itself, which a register token may do; without, an
+	// operator's drain (an operate token with --auth).
+	Secret        string `protobuf:"bytes,4,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1188,6 +1192,13 @@ func (x *DrainRequest) GetId() string {
 func (x *DrainRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *DrainRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
 	}
 	return ""
 }
@@ -1248,6 +1259,7 @@ type UndrainRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
 	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Secret        string                 `protobuf:"bytes,3,opt,name=secret,proto3" json:"secret,omitempty"` // as DrainRequest.secret
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1292,6 +1304,13 @@ func (x *UndrainRequest) GetService() string {
 func (x *UndrainRequest) GetId() string {
 	if x != nil {
 		return x.Id
+	}
+	return ""
+}
+
+func (x *UndrainRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
 	}
 	return ""
 }
@@ -2883,17 +2902,19 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	" \x01(\tR\x06secret\"J\n" +
 	"\x12DeregisterResponse\x12\x18\n" +
 	"\adeleted\x18\x01 \x01(\bR\adeleted\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"P\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"h\n" +
 	"\fDrainRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"^\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06secret\x18\x04 \x01(\tR\x06secret\"^\n" +
 	"\rDrainResponse\x121\n" +
 	"\binstance\x18\x01 \x01(\v2\x15.registry.v1.InstanceR\binstance\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\":\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"R\n" +
 	"\x0eUndrainRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"`\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06secret\x18\x03 \x01(\tR\x06secret\"`\n" +
 	"\x0fUndrainResponse\x121\n" +
 	"\binstance\x18\x01 \x01(\v2\x15.registry.v1.InstanceR\binstance\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"6\n" +
