@@ -74,13 +74,15 @@ func TestTokens(t *testing.T) {
 		return regctl(t, tokenEnv(tok), append([]string{"--endpoints", rn.Addr}, args...)...)
 	}
 	// refusedCall runs a regctl call that must fail with want, writing nothing.
-	refusedCall := func(tok, want string, args ...string) {
+	refusedCall := func(tok, want string, args ...string) result {
 		t.Helper()
 		before := headRev(t, rn)
-		mustFail(t, ctl(tok, args...), 1, want)
+		r := ctl(tok, args...)
+		mustFail(t, r, 1, want)
 		if after := headRev(t, rn); after != before {
 			t.Fatalf("refused regctl %q moved etcd from revision %d to %d", args, before, after)
 		}
+		return r
 	}
 	create := func(args ...string) string {
 		t.Helper()
@@ -114,7 +116,10 @@ func TestTokens(t *testing.T) {
 	if l := lines.next(t, 30*time.Second); !strings.Contains(l, "registered web/w-1") {
 		t.Fatalf("register web with a register token: %q; stderr %s", l, regErr.String())
 	}
-	refusedCall(webReg, "Register on service api needs role register on service api", "register", "--service", "api", "--id", "a-1", "--address", "127.0.0.1:9")
+	r := refusedCall(webReg, "Register on service api needs role register on service api", "register", "--service", "api", "--id", "a-1", "--address", "127.0.0.1:9")
+	if strings.Contains(r.stderr, "--timeout") {
+		t.Fatalf("a refusal no retry can change was retried until --timeout: %v", r)
+	}
 	refusedCall(webReg, "Drain on service web needs role operate", "drain", "web/w-1")
 
 	// read: lists and watches, cannot write.
@@ -155,7 +160,7 @@ func TestTokens(t *testing.T) {
 	}
 
 	// admin lists (never a secret) and revokes.
-	r := mustOK(t, ctl(admin, "token", "list"))
+	r = mustOK(t, ctl(admin, "token", "list"))
 	for _, name := range []string{"admin", "web-reg", "reader", "oncall", "short"} {
 		if !strings.Contains(r.stdout, name) {
 			t.Fatalf("token list lacks %s: %v", name, r)
