@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/regcluster/registry/internal/token"
 	"github.com/regcluster/registry/server"
 )
@@ -73,4 +75,18 @@ func (n *Node) startAuth(ctx context.Context) (*server.Auth, *server.Tokens, err
 		return nil, nil, err
 	}
 	return a, t, nil
+}
+
+// warnAuthOff warns when this regnode runs without --auth on a registry
+// where another regnode turned tokens on: every call it serves bypasses
+// them. It only warns (turning auth off for good is an operator's right),
+// loudly, once at start.
+func (n *Node) warnAuthOff(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := n.cli.Get(ctx, token.BootstrapKey(n.cfg.Prefix), clientv3.WithCountOnly())
+	if err == nil && resp.Count > 0 {
+		n.log.Warn("this registry has scoped tokens (a regnode ran with --auth), but this regnode runs without --auth: "+
+			"it serves every call to anyone who reaches it; start it with --auth like the others", "prefix", n.cfg.Prefix)
+	}
 }

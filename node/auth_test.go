@@ -1,12 +1,15 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,6 +105,15 @@ func TestAuthHTTPAndHealth(t *testing.T) {
 		t.Errorf("the refused drain is not counted:\n%s", metrics)
 	}
 
+	// A regnode of the same registry started without --auth says loudly
+	// that it bypasses the tokens.
+	var logs syncBuf
+	regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, Embed: embedded.Config{Dir: t.TempDir()},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, m.ClientURL)
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "runs without --auth") {
+		t.Errorf("a regnode without --auth on a registry with tokens did not warn:\n%s", logs.String())
+	}
+
 	cc, err := grpc.NewClient(rn.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -112,3 +124,12 @@ func TestAuthHTTPAndHealth(t *testing.T) {
 		t.Fatalf("health without a token: %v, %v", h, err)
 	}
 }
+
+// syncBuf is a log sink written by a regnode while the test reads it.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

@@ -407,6 +407,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		unary, stream = append(unary, check.Unary()), append(stream, check.Stream())
 		operator, limitKey = server.TokenOperator, server.TokenLimitKey
+	} else {
+		n.warnAuthOff(ctx)
 	}
 	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
 		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey})
