@@ -116,7 +116,8 @@ func requirement(method string, req any) (token.Method, string, error) {
 	return token.Method(method), "", nil
 }
 
-// authenticate is the record of the call's token, or the status refusing it.
+// authenticate is the record of the call's token, or the status
+// refusing it.
 func (a *Auth) authenticate(ctx context.Context, method string) (*token.Record, error) {
 	tok, err := token.FromIncoming(ctx)
 	if err != nil {
@@ -169,9 +170,14 @@ func (a *Auth) Unary() grpc.UnaryServerInterceptor {
 	}
 }
 
+// errTokenGone ends a stream whose token was revoked or expired.
+var errTokenGone = errors.New("token revoked or expired")
+
 // Stream is the check of streaming registry.v1 calls: the token when the
 // stream opens, and every request message (each KeepAlive request names
-// its own instance) before the handler receives it.
+// its own instance) before the handler receives it. A stream whose token
+// is revoked or expires while it is open ends with Unauthenticated: a
+// Watch at once, a KeepAlive at its next request (its context is gone).
 func (a *Auth) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		method := registryMethod(info.FullMethod)
@@ -182,7 +188,32 @@ func (a *Auth) Stream() grpc.StreamServerInterceptor {
 		if err != nil {
 			return err
 		}
-		return handler(srv, &authStream{ServerStream: ss, a: a, r: r, method: method, ctx: token.WithRecord(ss.Context(), r)})
+		ctx, cancel := context.WithCancelCause(token.WithRecord(ss.Context(), r))
+		defer cancel(nil)
+		var expiry <-chan time.Time
+		if !r.Expires.IsZero() {
+			t := time.NewTimer(time.Until(r.Expires))
+			defer t.Stop()
+			expiry = t.C
+		}
+		gone, done := a.cache.Gone(r), make(chan struct{})
+		go func() { // owned by this call: ends with ctx, waited for below
+			defer close(done)
+			select {
+			case <-gone:
+				cancel(errTokenGone)
+			case <-expiry:
+				cancel(errTokenGone)
+			case <-ctx.Done():
+			}
+		}()
+		err = handler(srv, &authStream{ServerStream: ss, a: a, r: r, method: method, ctx: ctx})
+		cancel(nil)
+		<-done
+		if errors.Is(context.Cause(ctx), errTokenGone) {
+			return a.refuse(ctx, method, status.Errorf(codes.Unauthenticated, "token %s was revoked or expired while the stream was open", r.Name))
+		}
+		return err
 	}
 }
 
@@ -196,6 +227,9 @@ type authStream struct {
 
 func (s *authStream) Context() context.Context { return s.ctx }
 
+// RecvMsg authorizes each message with the stream's token. A revoke or
+// expiry needs no check here: it cancels the stream's context (Stream),
+// which ends the handler's etcd calls and the stream with it.
 func (s *authStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
@@ -370,11 +404,16 @@ func (t *Tokens) create(ctx context.Context, req *registryv1.CreateTokenRequest)
 	}
 	cctx, cancel := context.WithTimeout(ctx, t.cfg.CallTimeout)
 	defer cancel()
-	rec, secret, _, err := token.Create(cctx, t.cfg.Client, t.cfg.Prefix, req.Name, role, scope, ttl, by)
+	rec, secret, rev, err := token.Create(cctx, t.cfg.Client, t.cfg.Prefix, req.Name, role, scope, ttl, by)
 	switch {
 	case errors.Is(err, token.ErrExists):
 		return nil, status.Error(codes.AlreadyExists, err.Error())
 	case err != nil:
+		return nil, toStatus(err)
+	}
+	// Usable here as soon as the caller has it (other regnodes follow
+	// within their watch's delay).
+	if err := t.cfg.Cache.WaitRevision(cctx, rev); err != nil {
 		return nil, toStatus(err)
 	}
 	return &registryv1.CreateTokenResponse{Token: Info(token.Entry{Record: *rec}), Secret: secret}, nil
@@ -408,6 +447,11 @@ func (t *Tokens) revoke(ctx context.Context, req *registryv1.RevokeTokenRequest)
 	case errors.Is(err, token.ErrNotFound):
 		return nil, status.Error(codes.NotFound, err.Error())
 	case err != nil:
+		return nil, toStatus(err)
+	}
+	// Refused here, and its streams here ended, before the caller hears
+	// it is done.
+	if err := t.cfg.Cache.WaitRevision(cctx, rev); err != nil {
 		return nil, toStatus(err)
 	}
 	return &registryv1.RevokeTokenResponse{Revision: rev}, nil

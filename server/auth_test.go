@@ -229,3 +229,87 @@ func TestLimitsPerToken(t *testing.T) {
 		t.Fatalf("another token, from the same address, during the flood: %v", err)
 	}
 }
+
+// A revoke ends what the token has open: a Watch at once, a KeepAlive at
+// its next request, both Unauthenticated.
+func TestRevokeEndsStreams(t *testing.T) {
+	rn, adminTok := authNode(t, peerlimit.Config{})
+	admin := as(t, rn, adminTok)
+	readTok := mkToken(t, admin, "reader", registryv1.TokenRole_TOKEN_ROLE_READ, registryv1.TokenScope_KIND_ALL, "")
+	regTok := mkToken(t, admin, "web-reg", registryv1.TokenRole_TOKEN_ROLE_REGISTER, registryv1.TokenScope_KIND_SERVICE, "web")
+	reader, reg := as(t, rn, readTok).API(), as(t, rn, regTok).API()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws, err := reader.Watch(ctx, &registryv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := reg.Register(ctx, &registryv1.RegisterRequest{Instance: inst("web", "w-1"), Ttl: durationpb.New(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka, err := reg.KeepAlive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew := func() error {
+		if err := ka.Send(&registryv1.KeepAliveRequest{LeaseId: resp.LeaseId, Service: "web", Id: "w-1", Secret: resp.Secret}); err != nil {
+			return err
+		}
+		_, err := ka.Recv()
+		return err
+	}
+	if err := renew(); err != nil {
+		t.Fatal(err)
+	}
+	// web-reg first: the watch ending proves the cache applied the later
+	// revoke, so the earlier one too (a watch delivers in order).
+	for _, name := range []string{"web-reg", "reader"} {
+		if _, err := admin.Tokens().RevokeToken(ctx, &registryv1.RevokeTokenRequest{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		_, err := ws.Recv()
+		if err == nil {
+			continue // the put of w-1, progress
+		}
+		if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "revoked") {
+			t.Fatalf("the watch of a revoked token ended with %v", err)
+		}
+		break
+	}
+	if err := renew(); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("a renewal with a revoked token: %v", err)
+	}
+}
+
+// A token that expires while its Watch is open ends it, with no event in
+// etcd to say so.
+func TestExpiryEndsWatch(t *testing.T) {
+	rn, adminTok := authNode(t, peerlimit.Config{})
+	admin := as(t, rn, adminTok)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := admin.Tokens().CreateToken(ctx, &registryv1.CreateTokenRequest{Name: "brief", Role: registryv1.TokenRole_TOKEN_ROLE_READ,
+		Scope: &registryv1.TokenScope{Kind: registryv1.TokenScope_KIND_ALL}, Ttl: durationpb.New(3 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := as(t, rn, resp.Secret).API().Watch(ctx, &registryv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err = ws.Recv(); err != nil {
+			break // snapshot and progress until then
+		}
+	}
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("the watch of an expiring token ended with %v", err)
+	}
+}

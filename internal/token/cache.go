@@ -60,7 +60,9 @@ type Cache struct {
 	byHash  map[string]*Record
 	byName  map[string]*Record
 	rev     int64
-	lastUse map[string]time.Time // kept in memory only: never written by a call
+	lastUse map[string]time.Time     // kept in memory only: never written by a call
+	gone    map[string]chan struct{} // by hash: closed when that token leaves the cache
+	moved   chan struct{}            // closed and replaced whenever rev moves
 }
 
 // NewCache returns a Cache of cfg; Run fills it.
@@ -75,7 +77,7 @@ func NewCache(cfg Config) (*Cache, error) {
 		cfg.Now = time.Now
 	}
 	return &Cache{cfg: cfg, ready: make(chan struct{}), byHash: map[string]*Record{},
-		byName: map[string]*Record{}, lastUse: map[string]time.Time{}}, nil
+		byName: map[string]*Record{}, lastUse: map[string]time.Time{}, gone: map[string]chan struct{}{}, moved: make(chan struct{})}, nil
 }
 
 // Ready is closed once the first list is in.
@@ -86,6 +88,34 @@ func (c *Cache) Revision() int64 {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.rev
+}
+
+// WaitRevision waits until the cache reflects etcd revision rev (or
+// later), so that a token created or revoked at rev is judged so by this
+// regnode once it returns; it fails only with ctx.
+func (c *Cache) WaitRevision(ctx context.Context, rev int64) error {
+	for {
+		c.mu.RLock()
+		at, moved := c.rev, c.moved
+		c.mu.RUnlock()
+		if at >= rev {
+			return nil
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return fmt.Errorf("token cache at revision %d, waiting for %d: %w", at, rev, ctx.Err())
+		}
+	}
+}
+
+// setRev moves the cache to rev; c.mu is held.
+func (c *Cache) setRev(rev int64) {
+	if rev > c.rev {
+		c.rev = rev
+		close(c.moved)
+		c.moved = make(chan struct{})
+	}
 }
 
 func (c *Cache) now() time.Time { return c.cfg.Now() }
@@ -101,6 +131,32 @@ func (c *Cache) used(name string, at time.Time) {
 	defer c.mu.Unlock()
 	if at.After(c.lastUse[name]) {
 		c.lastUse[name] = at
+	}
+}
+
+// Gone is closed once the token of r is no longer in the cache (revoked,
+// or its record deleted or rewritten): closed already if it is not there
+// now. Streams opened with r end on it.
+func (c *Cache) Gone(r *Record) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch, ok := c.gone[r.Hash]
+	if !ok {
+		ch = make(chan struct{})
+		if _, there := c.byHash[r.Hash]; !there {
+			close(ch)
+			return ch
+		}
+		c.gone[r.Hash] = ch
+	}
+	return ch
+}
+
+// forget closes the Gone channel of hash; c.mu is held.
+func (c *Cache) forget(hash string) {
+	if ch, ok := c.gone[hash]; ok {
+		close(ch)
+		delete(c.gone, hash)
 	}
 }
 
@@ -178,7 +234,7 @@ func (c *Cache) listWatch(ctx context.Context) error {
 				}
 			}
 		}
-		c.rev = max(c.rev, wr.Header.Revision)
+		c.setRev(wr.Header.Revision)
 		c.mu.Unlock()
 	}
 	return fmt.Errorf("watch %s closed", pfx)
@@ -204,7 +260,8 @@ func (c *Cache) decode(key string, value []byte) *Record {
 func (c *Cache) replace(byName map[string]*Record, rev int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.byName, c.byHash, c.rev = byName, make(map[string]*Record, len(byName)), rev
+	c.byName, c.byHash = byName, make(map[string]*Record, len(byName))
+	c.setRev(rev)
 	for _, r := range byName {
 		c.byHash[r.Hash] = r
 	}
@@ -213,11 +270,17 @@ func (c *Cache) replace(byName map[string]*Record, rev int64) {
 			delete(c.lastUse, name)
 		}
 	}
+	for hash := range c.gone {
+		if _, ok := c.byHash[hash]; !ok {
+			c.forget(hash)
+		}
+	}
 }
 
 // remove forgets the token named name; c.mu is held.
 func (c *Cache) remove(name string) {
 	if old, ok := c.byName[name]; ok {
+		c.forget(old.Hash)
 		delete(c.byHash, old.Hash)
 		delete(c.byName, name)
 		delete(c.lastUse, name)
