@@ -98,6 +98,16 @@ func TestTokens(t *testing.T) {
 	}
 
 	refusedCall("", "send a token", "list")
+	// Bad input: usage errors, exit 2, nothing sent or written.
+	before := headRev(t, rn)
+	mustFail(t, ctl(admin, "token", "create", "--name", "x", "--role", "boss", "--all"), 2, "--role")
+	mustFail(t, ctl(admin, "token", "create", "--name", "x", "--role", "read", "--service", "web", "--all"), 2, "exactly one of --service, --service-prefix and --all")
+	mustFail(t, ctl(admin, "token", "create", "--name", "X/1", "--role", "read", "--all"), 2, "--name")
+	mustFail(t, ctl(admin, "token", "create", "--name", "x", "--role", "read", "--service", "Web"), 1, "scope.value")
+	mustFail(t, ctl(admin+"x", "list"), 2, "$REGCTL_TOKEN: not a registry token")
+	if after := headRev(t, rn); after != before {
+		t.Fatalf("bad input moved etcd from revision %d to %d", before, after)
+	}
 	webReg := create("--name", "web-reg", "--role", "register", "--service", "web")
 	reader := create("--name", "reader", "--role", "read", "--all")
 	oncall := create("--name", "oncall", "--role", "operate", "--all")
@@ -178,7 +188,7 @@ func TestTokens(t *testing.T) {
 		waitRefused(t, n.Addr, short, "expired")
 		_ = i
 	}
-	before := headRev(t, rn)
+	before = headRev(t, rn)
 	for _, n := range rns {
 		mustFail(t, regctl(t, tokenEnv(reader), "--endpoints", n.Addr, "drain", "web/w-1"), 1, "unknown or revoked")
 		mustFail(t, regctl(t, tokenEnv(short), "--endpoints", n.Addr, "token", "revoke", "oncall"), 1, "expired")
