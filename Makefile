@@ -44,14 +44,17 @@ bench:
 	go run ./cmd/regbench all -short -json > bench.json
 	go test -run '^$$' -bench . -benchtime 3x -count 1 ./prober/
 
-## fuzz: each fuzz target (record's decoder and validators) for FUZZTIME, one after
-## the other; a crasher lands in record/testdata/fuzz/<Target>/: commit it as a seed
+## fuzz: each fuzz target (record's decoder and validators, the token parser and
+## the auth interceptor's metadata reading) for FUZZTIME, one after the other; a
+## crasher lands in <package>/testdata/fuzz/<Target>/: commit it as a seed
 FUZZTIME ?= 20s
-FUZZ_TARGETS := FuzzDecode FuzzValidate FuzzValidAddress FuzzUnmarshal
+FUZZ_TARGETS := ./record/:FuzzDecode ./record/:FuzzValidate ./record/:FuzzValidAddress ./record/:FuzzUnmarshal \
+	./internal/token/:FuzzParse ./internal/token/:FuzzFromIncoming
 fuzz:
-	@for t in $(FUZZ_TARGETS); do \
-		echo "== $$t"; \
-		go test ./record/ -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) || exit 1; \
+	@for pt in $(FUZZ_TARGETS); do \
+		p=$${pt%%:*}; t=$${pt##*:}; \
+		echo "== $$p $$t"; \
+		go test $$p -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) || exit 1; \
 	done
 
 tools:

@@ -48,6 +48,15 @@ type Config struct {
 	// they ask for one); each endpoint's host is the name checked unless
 	// TLS.ServerName says otherwise. Nil: plaintext.
 	TLS *tls.Config
+	// Token, if set, is sent on every call to the regnodes (regnode
+	// --auth) as per-RPC credentials, "authorization: Bearer <token>".
+	// New refuses it over plaintext (TLS nil) to an endpoint off this
+	// host, where anyone on the path could read and replay it, unless
+	// AllowInsecureToken.
+	Token string
+	// AllowInsecureToken lets Token be sent in plaintext to endpoints off
+	// this host (a network you trust end to end).
+	AllowInsecureToken bool
 	// DialOptions are added to the defaults (transport per TLS, round
 	// robin over Endpoints that steers a resuming subscription off a
 	// stalled regnode, keepalive pings) and win over them.
@@ -187,6 +196,10 @@ func New(cfg Config) (*Client, error) {
 	// several static addresses, and manual.Resolver is its supported one.
 	r := manual.NewBuilderWithScheme(fmt.Sprintf("regnodes-%d", schemeSeq.Add(1)))
 	r.InitialState(resolver.State{Addresses: addrs})
+	tokOpt, err := tokenOption(cfg, eps) // token.go
+	if err != nil {
+		return nil, err
+	}
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithResolvers(r),
@@ -200,6 +213,9 @@ func New(cfg Config) (*Client, error) {
 		grpc.WithChainUnaryInterceptor(c.refuseClosed),
 		grpc.WithChainStreamInterceptor(c.refuseClosedStream),
 	}, cfg.DialOptions...)
+	if tokOpt != nil {
+		opts = append(opts, tokOpt)
+	}
 	cc, err := grpc.NewClient(r.Scheme()+":///regnodes", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to regnodes %v: %w", eps, err)
@@ -287,6 +303,8 @@ func FromStatus(err error) error {
 		sentinel = record.ErrNotFound
 	case codes.AlreadyExists:
 		sentinel = record.ErrAlreadyExists
+	case codes.Unauthenticated, codes.PermissionDenied:
+		return deniedError{err} // token.go
 	}
 	if sentinel == nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -140,6 +141,7 @@ type apiBackend struct {
 	mu     sync.Mutex
 	stream registryv1.Registry_KeepAliveClient
 	cancel context.CancelFunc
+	secret atomic.Pointer[string] // the registration's, once granted: its drain is the owner's
 }
 
 func (b *apiBackend) Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration, secret string) (lease.Grant, error) {
@@ -147,6 +149,7 @@ func (b *apiBackend) Register(ctx context.Context, inst *registryv1.Instance, tt
 	if err != nil {
 		return lease.Grant{}, fmt.Errorf("register %s/%s: %w", inst.GetService(), inst.GetId(), FromStatus(err))
 	}
+	b.secret.Store(&resp.Secret)
 	return lease.Grant{LeaseID: resp.LeaseId, TTL: time.Duration(resp.TtlSeconds) * time.Second, Revision: resp.Revision, Secret: resp.Secret}, nil
 }
 
@@ -189,12 +192,16 @@ func (b *apiBackend) roundTrip(req *registryv1.KeepAliveRequest) (*registryv1.Ke
 }
 
 func (b *apiBackend) SetLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) error {
+	var sec string
+	if p := b.secret.Load(); p != nil {
+		sec = *p
+	}
 	var err error
 	switch lc {
 	case registryv1.Lifecycle_LIFECYCLE_DRAINING:
-		_, err = b.api.Drain(ctx, &registryv1.DrainRequest{Service: service, Id: id, Reason: reason})
+		_, err = b.api.Drain(ctx, &registryv1.DrainRequest{Service: service, Id: id, Reason: reason, Secret: sec})
 	case registryv1.Lifecycle_LIFECYCLE_SERVING:
-		_, err = b.api.Undrain(ctx, &registryv1.UndrainRequest{Service: service, Id: id})
+		_, err = b.api.Undrain(ctx, &registryv1.UndrainRequest{Service: service, Id: id, Secret: sec})
 	default:
 		return fmt.Errorf("set %s/%s to %s: only DRAINING and SERVING can be set after registering", service, id, lc)
 	}

@@ -44,6 +44,7 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/internal/view"
@@ -232,7 +233,23 @@ func fieldError(err error, field string) *apiError {
 }
 
 func (a *API) call(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.Context(), a.cfg.CallTimeout)
+	return context.WithTimeout(forwardAuth(r), a.cfg.CallTimeout)
+}
+
+// forwardAuth is r's context carrying r's Authorization header, if any,
+// as the gRPC call's "authorization" metadata: the regnode's token check
+// judges the HTTP caller exactly as a gRPC one (a drain needs an operate
+// token). The header is passed on, never logged or parsed here.
+func forwardAuth(r *http.Request) context.Context {
+	vals := r.Header.Values("Authorization")
+	if len(vals) == 0 {
+		return r.Context()
+	}
+	kv := make([]string, 0, 2*len(vals))
+	for _, v := range vals {
+		kv = append(kv, "authorization", v)
+	}
+	return metadata.AppendToOutgoingContext(r.Context(), kv...)
 }
 
 func (a *API) list(w http.ResponseWriter, r *http.Request, service string) ([]*registryv1.Instance, bool) {

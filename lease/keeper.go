@@ -161,7 +161,11 @@ func Start(ctx context.Context, b Backend, inst *registryv1.Instance, cfg Config
 }
 
 func permanent(err error) bool {
-	return errors.Is(err, record.ErrInvalid) || errors.Is(err, record.ErrAlreadyExists)
+	// A refusal that retrying cannot change (a token without the right,
+	// say) tells so by a Permanent method somewhere in the chain.
+	var p interface{ Permanent() bool }
+	return errors.Is(err, record.ErrInvalid) || errors.Is(err, record.ErrAlreadyExists) ||
+		errors.As(err, &p) && p.Permanent()
 }
 
 // backoff is jittered: it spreads the retries of many instances.

@@ -135,6 +135,13 @@ type Config struct {
 	// else user root with a password generated on the first start and
 	// kept in the data dir (RootPasswordFile, mode 0600).
 	EmbedAuth bool
+	// Auth turns scoped tokens on (--auth): every registry.v1 call needs
+	// a token whose role and scope allow it (see package token). The
+	// first start writes an admin token to AdminTokenFile.
+	Auth bool
+	// AdminTokenFile is where the first admin token is written (default
+	// <data dir>/admin-token, with an external etcd too).
+	AdminTokenFile string
 }
 
 // Keepalive on the API. A subscriber whose machine vanished (or whose
@@ -271,6 +278,8 @@ type Node struct {
 	mhttp   *http.Server
 	self    *selfListener // the HTTP API's way in when the API serves TLS, or nil
 	mlis    net.Listener
+
+	stopAuth context.CancelFunc // stops the token cache's watch, or nil
 
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -444,8 +453,24 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.OperatorDeregister == "none" {
 		operator = server.NoOperator
 	}
+	var (
+		unary    = []grpc.UnaryServerInterceptor{n.metrics.UnaryInterceptor()}
+		stream   = []grpc.StreamServerInterceptor{n.metrics.StreamInterceptor()}
+		limitKey func(context.Context) string
+		tokens   *server.Tokens
+	)
+	if cfg.Auth { // auth.go
+		var check *server.Auth
+		if check, tokens, err = n.startAuth(ctx); err != nil {
+			return nil, err
+		}
+		unary, stream = append(unary, check.Unary()), append(stream, check.Stream())
+		operator, limitKey = server.TokenOperator, server.TokenLimitKey
+	} else {
+		n.warnAuthOff(ctx)
+	}
 	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
-		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator})
+		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey})
 	if err != nil {
 		return nil, err
 	}
@@ -463,10 +488,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(cfg.MaxRequestBytes),
 		grpc.MaxSendMsgSize(cfg.MaxResponseBytes),
-		grpc.ChainUnaryInterceptor(n.metrics.UnaryInterceptor(), n.noSpaceLog()),
-		grpc.ChainStreamInterceptor(n.metrics.StreamInterceptor()),
+		grpc.ChainUnaryInterceptor(append(unary, n.noSpaceLog())...),
+		grpc.ChainStreamInterceptor(stream...),
 	), server.DecodeOptions()...)...)
 	registryv1.RegisterRegistryServer(n.grpc, api)
+	if tokens != nil {
+		registryv1.RegisterTokensServer(n.grpc, tokens)
+	}
 	n.sweepHolds(api)
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
@@ -521,7 +549,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		mode = "external etcd " + strings.Join(endpoints, ",")
 	}
 	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "metrics", n.MetricsAddr(),
-		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "",
+		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "", "auth", cfg.Auth,
 		"etcd", mode, "prefix", cfg.Prefix)
 	return n, nil
 }
@@ -615,6 +643,9 @@ func (n *Node) shutdown() error {
 	}
 	if n.grpc == nil && n.lis != nil {
 		n.lis.Close()
+	}
+	if n.stopAuth != nil {
+		n.stopAuth()
 	}
 	n.wg.Wait()
 	if n.cli != nil {

@@ -20,9 +20,11 @@ import (
 // lands) as any gRPC client. The connection is closed when the node starts
 // to stop, which also ends every SSE watch at once.
 //
-// Drain and undrain are allowed only when the HTTP port listens on
-// loopback alone: with no auth yet, anyone who can reach a wider listener
-// could drain instances. Elsewhere the API and the dashboard are read-only.
+// Drain and undrain are allowed when the HTTP port listens on loopback
+// alone, or with --auth (each call then needs the caller's token, which
+// the HTTP API forwards from its Authorization header): without auth,
+// anyone who can reach a wider listener could drain instances. Elsewhere
+// the API and the dashboard are read-only.
 func (n *Node) mountWeb(mux *http.ServeMux) error {
 	target := loopbackTarget(n.lis.Addr())
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
@@ -40,7 +42,7 @@ func (n *Node) mountWeb(mux *http.ServeMux) error {
 		<-n.done
 		conn.Close()
 	}()
-	readOnly := !isLoopback(n.mlis.Addr())
+	readOnly := !isLoopback(n.mlis.Addr()) && !n.cfg.Auth
 	api, err := httpapi.New(httpapi.Config{Conn: conn, ReadOnly: readOnly, Logger: n.log})
 	if err != nil {
 		return err

@@ -24,9 +24,9 @@ func LimitReason(limit string) string { return "LIMIT_" + strings.ToUpper(limit)
 // another lease). See package peerlimit for what a restart forgets.
 
 // limitKey is the key registrations and writes in flight are counted
-// under: the caller's, as limit keys the rate limits (the peer's address;
-// a token's name once auth keys them).
-func (s *Server) limitKey(ctx context.Context) string { return peerlimit.Peer(ctx) }
+// under: the caller's, as limit keys the rate limits (Config.LimitKey:
+// the peer's address, or with --auth the token's name).
+func (s *Server) limitKey(ctx context.Context) string { return s.cfg.LimitKey(ctx) }
 
 // slot is a Register's claim on a registration slot; a nil slot (no
 // limits) does nothing.

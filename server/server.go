@@ -34,6 +34,7 @@ import (
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/peerlimit"
+	"github.com/regcluster/registry/internal/token"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/store"
@@ -64,8 +65,11 @@ type Config struct {
 	// Operator decides whether a Deregister without the registration's
 	// secret (an operator removing an instance) is allowed: it returns
 	// nil to allow, or an error saying why not (sent as PermissionDenied).
-	// Default LoopbackOperator. Once tokens land, this is the operate role.
+	// Default LoopbackOperator; with tokens, TokenOperator.
 	Operator func(context.Context) error
+	// LimitKey names the caller whose buckets of Limits a call takes
+	// from (default peerlimit.Peer; with tokens, TokenLimitKey).
+	LimitKey func(context.Context) string
 }
 
 // LoopbackOperator allows operator calls from this regnode's own host (a
@@ -107,6 +111,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Operator == nil {
 		cfg.Operator = LoopbackOperator
+	}
+	if cfg.LimitKey == nil {
+		cfg.LimitKey = peerlimit.Peer
 	}
 	return &Server{cfg: cfg, st: cfg.Store, m: cfg.Metrics, log: cfg.Logger}, nil
 }
@@ -173,7 +180,7 @@ func (s *Server) limit(ctx context.Context, take func(*peerlimit.Limiter, string
 	if s.cfg.Limits == nil {
 		return nil
 	}
-	if err := take(s.cfg.Limits, peerlimit.Peer(ctx)); err != nil {
+	if err := take(s.cfg.Limits, s.cfg.LimitKey(ctx)); err != nil {
 		var le *peerlimit.Error
 		if errors.As(err, &le) {
 			s.m.Limited.WithLabelValues(le.Limit).Inc()
@@ -188,7 +195,7 @@ func (s *Server) openStream(ctx context.Context) (release func(), err error) {
 	if s.cfg.Limits == nil {
 		return func() {}, nil
 	}
-	release, err = s.cfg.Limits.OpenStream(peerlimit.Peer(ctx))
+	release, err = s.cfg.Limits.OpenStream(s.cfg.LimitKey(ctx))
 	if err != nil {
 		s.m.Limited.WithLabelValues(peerlimit.Streams).Inc()
 		return nil, toStatus(err)
@@ -204,6 +211,9 @@ func (s *Server) audit(ctx context.Context, method, service, id string, err erro
 	if err != nil {
 		result = status.Code(err).String()
 		attrs = append(attrs, slog.String("error", status.Convert(err).Message()))
+	}
+	if r, ok := token.FromContext(ctx); ok {
+		attrs = append(attrs, slog.String("token", r.Name))
 	}
 	s.log.LogAttrs(ctx, slog.LevelInfo, "audit",
 		append([]slog.Attr{slog.String("peer", peerlimit.Peer(ctx)), slog.String("method", method),
@@ -403,9 +413,11 @@ func (s *Server) deregister(ctx context.Context, req *registryv1.DeregisterReque
 	return &registryv1.DeregisterResponse{Deleted: deleted, Revision: rev}, nil
 }
 
-// Drain marks an instance DRAINING with compare-and-swap.
+// Drain marks an instance DRAINING with compare-and-swap. With the
+// registration's secret it is the owner's drain (another secret:
+// PermissionDenied, nothing written).
 func (s *Server) Drain(ctx context.Context, req *registryv1.DrainRequest) (*registryv1.DrainResponse, error) {
-	inst, rev, err := s.setLifecycle(ctx, "Drain", req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_DRAINING, req.Reason)
+	inst, rev, err := s.setLifecycle(ctx, "Drain", req.Secret, req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_DRAINING, req.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -414,16 +426,16 @@ func (s *Server) Drain(ctx context.Context, req *registryv1.DrainRequest) (*regi
 
 // Undrain marks an instance SERVING with compare-and-swap.
 func (s *Server) Undrain(ctx context.Context, req *registryv1.UndrainRequest) (*registryv1.UndrainResponse, error) {
-	inst, rev, err := s.setLifecycle(ctx, "Undrain", req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_SERVING, "")
+	inst, rev, err := s.setLifecycle(ctx, "Undrain", req.Secret, req.Service, req.Id, registryv1.Lifecycle_LIFECYCLE_SERVING, "")
 	if err != nil {
 		return nil, err
 	}
 	return &registryv1.UndrainResponse{Instance: inst, Revision: rev}, nil
 }
 
-func (s *Server) setLifecycle(ctx context.Context, method, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
-	inst, rev, err := s.writeLifecycle(ctx, service, id, lc, reason)
-	attrs := []slog.Attr{slog.String("reason", reason)}
+func (s *Server) setLifecycle(ctx context.Context, method, sec, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+	inst, rev, err := s.writeLifecycle(ctx, sec, service, id, lc, reason)
+	attrs := []slog.Attr{slog.String("reason", reason), slog.Bool("owner", sec != "")}
 	if err == nil {
 		attrs = append(attrs, slog.Int64("revision", rev))
 	}
@@ -431,7 +443,7 @@ func (s *Server) setLifecycle(ctx context.Context, method, service, id string, l
 	return inst, rev, err
 }
 
-func (s *Server) writeLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+func (s *Server) writeLifecycle(ctx context.Context, sec, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
 	if err := s.limit(ctx, (*peerlimit.Limiter).Write); err != nil {
 		return nil, 0, err
 	}
@@ -442,7 +454,18 @@ func (s *Server) writeLifecycle(ctx context.Context, service, id string, lc regi
 	defer done()
 	cctx, cancel := s.callCtx(ctx)
 	defer cancel()
-	inst, rev, err := s.st.SetLifecycle(cctx, service, id, lc, reason)
+	var (
+		inst *registryv1.Instance
+		rev  int64
+	)
+	if sec != "" { // the owner's own drain or undrain
+		inst, rev, err = s.st.SetLifecycleAs(cctx, sec, service, id, lc, reason)
+	} else {
+		inst, rev, err = s.st.SetLifecycle(cctx, service, id, lc, reason)
+	}
+	if errors.Is(err, store.ErrNotOwner) {
+		s.m.NotOwner.WithLabelValues("SetLifecycle").Inc()
+	}
 	if err != nil {
 		return nil, 0, toStatus(err)
 	}

@@ -41,6 +41,7 @@ type options struct {
 	timeout       time.Duration
 	output        string
 	tls           tlsfiles.Client // --cacert, --cert, --key (etcdctl's names)
+	token         string          // --token (else $REGCTL_TOKEN): token.go
 
 	stdout, stderr io.Writer
 	getenv         func(string) string
@@ -93,6 +94,8 @@ shows cluster status.
 Endpoints come from --endpoints, else $REGCTL_ENDPOINTS, else 127.0.0.1:7400.
 --cacert, --cert and --key (else $REGCTL_CACERT, $REGCTL_CERT, $REGCTL_KEY)
 talk TLS to regnodes serving it, as etcdctl's do to etcd.
+--token (else $REGCTL_TOKEN) is sent on every call to regnodes run with
+--auth; see 'regctl token --help'.
 
 Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		SilenceUsage:  true,
@@ -134,6 +137,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 	pf.StringVar(&o.tls.CAFile, "cacert", "", "talk TLS, trusting this CA's certificates (PEM; default $"+envCACert+")")
 	pf.StringVar(&o.tls.CertFile, "cert", "", "client certificate for a regnode that asks for one (PEM; default $"+envCert+")")
 	pf.StringVar(&o.tls.KeyFile, "key", "", "private key of --cert (PEM; default $"+envKey+")")
+	pf.StringVar(&o.token, "token", "", "scoped token sent on every call, for regnodes run with --auth (default $"+envToken+"; prefer the variable: a flag shows in ps)")
 
 	root.AddCommand(
 		newServicesCmd(o),
@@ -146,6 +150,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		newStatusCmd(o),
 		newWatchCmd(o),
 		newVersionCmd(o),
+		newTokenCmd(o),
 	)
 	return root
 }
@@ -203,7 +208,15 @@ func (o *options) connect(logger *slog.Logger) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return client.New(client.Config{Endpoints: eps, Logger: logger, TLS: tlsCfg})
+	tok, err := o.resolveToken()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(client.Config{Endpoints: eps, Logger: logger, TLS: tlsCfg, Token: tok})
+	if errors.Is(err, client.ErrInsecureToken) {
+		return nil, fmt.Errorf("refusing to send the token in plaintext to %s, off this host: talk TLS (--cacert)", o.endpointList())
+	}
+	return c, err
 }
 
 // transport is the TLS configuration of --cacert, --cert and --key (each

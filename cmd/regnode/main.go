@@ -7,7 +7,9 @@
 // A data dir another regnode holds is refused at once (exit 1, naming it).
 // --cert-file and --key-file serve the API and the metrics port over TLS
 // (etcd's flags and meanings); a listener on a non-loopback address without
-// TLS is refused (exit 2) unless --insecure says so.
+// TLS is refused (exit 2) unless --insecure says so. --auth requires a
+// scoped token on every call; the first start writes an admin token to a
+// file (its path, never the token, is logged).
 package main
 
 import (
@@ -134,6 +136,8 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.StringVar(&cfg.TLS.KeyFile, "key-file", "", "private key of --cert-file (PEM)")
 	f.StringVar(&cfg.TLS.TrustedCAFile, "trusted-ca-file", "", "require client certificates of this CA (PEM), as etcd does")
 	f.BoolVar(&cfg.TLS.ClientCertAuth, "client-cert-auth", false, "require a client certificate of --trusted-ca-file")
+	f.BoolVar(&cfg.Auth, "auth", cfg.Auth, "require a scoped token on every registry call; the first start writes an admin token to <data-dir>/"+node.AdminTokenFile+" (or --admin-token-file), mode 0600")
+	f.StringVar(&cfg.AdminTokenFile, "admin-token-file", cfg.AdminTokenFile, "with --auth: where the first start writes the first admin token (default <data-dir>/"+node.AdminTokenFile+", with --etcd-endpoints too)")
 	f.BoolVar(&cfg.Insecure, "insecure", false, "allow listening on a non-loopback address without TLS")
 	// This regnode as a client of etcd (external, or its embedded member
 	// serving https): etcdctl's names behind "etcd-".

@@ -185,6 +185,65 @@ func (CheckKind) EnumDescriptor() ([]byte, []int) {
 	return file_registry_v1_registry_proto_rawDescGZIP(), []int{2}
 }
 
+// TokenRole is what a token may do within its scope: read (Get, List,
+// Watch, Status), register (read, plus Register, KeepAlive and the
+// owner's Deregister), operate (read, plus Drain, Undrain and any
+// Deregister), admin (everything, tokens included).
+type TokenRole int32
+
+const (
+	TokenRole_TOKEN_ROLE_UNSPECIFIED TokenRole = 0
+	TokenRole_TOKEN_ROLE_READ        TokenRole = 1
+	TokenRole_TOKEN_ROLE_REGISTER    TokenRole = 2
+	TokenRole_TOKEN_ROLE_OPERATE     TokenRole = 3
+	TokenRole_TOKEN_ROLE_ADMIN       TokenRole = 4
+)
+
+// Enum value maps for TokenRole.
+var (
+	TokenRole_name = map[int32]string{
+		0: "TOKEN_ROLE_UNSPECIFIED",
+		1: "TOKEN_ROLE_READ",
+		2: "TOKEN_ROLE_REGISTER",
+		3: "TOKEN_ROLE_OPERATE",
+		4: "TOKEN_ROLE_ADMIN",
+	}
+	TokenRole_value = map[string]int32{
+		"TOKEN_ROLE_UNSPECIFIED": 0,
+		"TOKEN_ROLE_READ":        1,
+		"TOKEN_ROLE_REGISTER":    2,
+		"TOKEN_ROLE_OPERATE":     3,
+		"TOKEN_ROLE_ADMIN":       4,
+	}
+)
+
+func (x TokenRole) Enum() *TokenRole {
+	p := new(TokenRole)
+	*p = x
+	return p
+}
+
+func (x TokenRole) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TokenRole) Descriptor() protoreflect.EnumDescriptor {
+	return file_registry_v1_registry_proto_enumTypes[3].Descriptor()
+}
+
+func (TokenRole) Type() protoreflect.EnumType {
+	return &file_registry_v1_registry_proto_enumTypes[3]
+}
+
+func (x TokenRole) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TokenRole.Descriptor instead.
+func (TokenRole) EnumDescriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{3}
+}
+
 type Event_Type int32
 
 const (
@@ -218,11 +277,11 @@ func (x Event_Type) String() string {
 }
 
 func (Event_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_registry_v1_registry_proto_enumTypes[3].Descriptor()
+	return file_registry_v1_registry_proto_enumTypes[4].Descriptor()
 }
 
 func (Event_Type) Type() protoreflect.EnumType {
-	return &file_registry_v1_registry_proto_enumTypes[3]
+	return &file_registry_v1_registry_proto_enumTypes[4]
 }
 
 func (x Event_Type) Number() protoreflect.EnumNumber {
@@ -232,6 +291,58 @@ func (x Event_Type) Number() protoreflect.EnumNumber {
 // Deprecated: Use Event_Type.Descriptor instead.
 func (Event_Type) EnumDescriptor() ([]byte, []int) {
 	return file_registry_v1_registry_proto_rawDescGZIP(), []int{19, 0}
+}
+
+type TokenScope_Kind int32
+
+const (
+	TokenScope_KIND_UNSPECIFIED TokenScope_Kind = 0
+	TokenScope_KIND_SERVICE     TokenScope_Kind = 1
+	TokenScope_KIND_PREFIX      TokenScope_Kind = 2
+	TokenScope_KIND_ALL         TokenScope_Kind = 3
+)
+
+// Enum value maps for TokenScope_Kind.
+var (
+	TokenScope_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_SERVICE",
+		2: "KIND_PREFIX",
+		3: "KIND_ALL",
+	}
+	TokenScope_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"KIND_SERVICE":     1,
+		"KIND_PREFIX":      2,
+		"KIND_ALL":         3,
+	}
+)
+
+func (x TokenScope_Kind) Enum() *TokenScope_Kind {
+	p := new(TokenScope_Kind)
+	*p = x
+	return p
+}
+
+func (x TokenScope_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TokenScope_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_registry_v1_registry_proto_enumTypes[5].Descriptor()
+}
+
+func (TokenScope_Kind) Type() protoreflect.EnumType {
+	return &file_registry_v1_registry_proto_enumTypes[5]
+}
+
+func (x TokenScope_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TokenScope_Kind.Descriptor instead.
+func (TokenScope_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27, 0}
 }
 
 // HealthCheck is the per-instance check spec. Zero fields take the
@@ -1022,10 +1133,14 @@ func (x *DeregisterResponse) GetRevision() int64 {
 }
 
 type DrainRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
-	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Id      string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Reason  string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// secret, if set, is the registration's (Register returned it): the
+	// owner draining itself, which a register token may do; without, an
+	// operator's drain (an operate token with --auth).
+	Secret        string `protobuf:"bytes,4,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1077,6 +1192,13 @@ func (x *DrainRequest) GetId() string {
 func (x *DrainRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *DrainRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
 	}
 	return ""
 }
@@ -1137,6 +1259,7 @@ type UndrainRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
 	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Secret        string                 `protobuf:"bytes,3,opt,name=secret,proto3" json:"secret,omitempty"` // as DrainRequest.secret
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1181,6 +1304,13 @@ func (x *UndrainRequest) GetService() string {
 func (x *UndrainRequest) GetId() string {
 	if x != nil {
 		return x.Id
+	}
+	return ""
+}
+
+func (x *UndrainRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
 	}
 	return ""
 }
@@ -2260,6 +2390,441 @@ func (x *StatusResponse) GetEpoch() string {
 	return ""
 }
 
+// TokenScope is what a token's role applies to: one service, every
+// service whose name starts with a prefix, or all services.
+type TokenScope struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          TokenScope_Kind        `protobuf:"varint,1,opt,name=kind,proto3,enum=registry.v1.TokenScope_Kind" json:"kind,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"` // the service or the prefix; empty for KIND_ALL
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenScope) Reset() {
+	*x = TokenScope{}
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenScope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenScope) ProtoMessage() {}
+
+func (x *TokenScope) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenScope.ProtoReflect.Descriptor instead.
+func (*TokenScope) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *TokenScope) GetKind() TokenScope_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return TokenScope_KIND_UNSPECIFIED
+}
+
+func (x *TokenScope) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+// TokenInfo describes a token, never its secret.
+type TokenInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role          TokenRole              `protobuf:"varint,2,opt,name=role,proto3,enum=registry.v1.TokenRole" json:"role,omitempty"`
+	Scope         *TokenScope            `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	Created       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
+	Expires       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires,proto3" json:"expires,omitempty"`                      // unset: never
+	LastUsed      *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_used,json=lastUsed,proto3" json:"last_used,omitempty"`    // on the regnode answering; unset: not since it started
+	CreatedBy     string                 `protobuf:"bytes,7,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"` // the token that created it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInfo) Reset() {
+	*x = TokenInfo{}
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInfo) ProtoMessage() {}
+
+func (x *TokenInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
+func (*TokenInfo) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *TokenInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetRole() TokenRole {
+	if x != nil {
+		return x.Role
+	}
+	return TokenRole_TOKEN_ROLE_UNSPECIFIED
+}
+
+func (x *TokenInfo) GetScope() *TokenScope {
+	if x != nil {
+		return x.Scope
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetExpires() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Expires
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetLastUsed() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastUsed
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+type CreateTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role          TokenRole              `protobuf:"varint,2,opt,name=role,proto3,enum=registry.v1.TokenRole" json:"role,omitempty"`
+	Scope         *TokenScope            `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	Ttl           *durationpb.Duration   `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"` // unset: the token never expires
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenRequest) Reset() {
+	*x = CreateTokenRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenRequest) ProtoMessage() {}
+
+func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CreateTokenRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetRole() TokenRole {
+	if x != nil {
+		return x.Role
+	}
+	return TokenRole_TOKEN_ROLE_UNSPECIFIED
+}
+
+func (x *CreateTokenRequest) GetScope() *TokenScope {
+	if x != nil {
+		return x.Scope
+	}
+	return nil
+}
+
+func (x *CreateTokenRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type CreateTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         *TokenInfo             `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Secret        string                 `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"` // the only time it is ever sent
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenResponse) Reset() {
+	*x = CreateTokenResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenResponse) ProtoMessage() {}
+
+func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *CreateTokenResponse) GetToken() *TokenInfo {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *CreateTokenResponse) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+type ListTokensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensRequest) Reset() {
+	*x = ListTokensRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensRequest) ProtoMessage() {}
+
+func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListTokensRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{31}
+}
+
+type ListTokensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*TokenInfo           `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensResponse) Reset() {
+	*x = ListTokensResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensResponse) ProtoMessage() {}
+
+func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListTokensResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListTokensResponse) GetTokens() []*TokenInfo {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type RevokeTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenRequest) Reset() {
+	*x = RevokeTokenRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenRequest) ProtoMessage() {}
+
+func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RevokeTokenRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RevokeTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenResponse) Reset() {
+	*x = RevokeTokenResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenResponse) ProtoMessage() {}
+
+func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RevokeTokenResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 var File_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_registry_v1_registry_proto_rawDesc = "" +
@@ -2337,17 +2902,19 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	" \x01(\tR\x06secret\"J\n" +
 	"\x12DeregisterResponse\x12\x18\n" +
 	"\adeleted\x18\x01 \x01(\bR\adeleted\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"P\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"h\n" +
 	"\fDrainRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"^\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06secret\x18\x04 \x01(\tR\x06secret\"^\n" +
 	"\rDrainResponse\x121\n" +
 	"\binstance\x18\x01 \x01(\v2\x15.registry.v1.InstanceR\binstance\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\":\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"R\n" +
 	"\x0eUndrainRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"`\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06secret\x18\x03 \x01(\tR\x06secret\"`\n" +
 	"\x0fUndrainResponse\x121\n" +
 	"\binstance\x18\x01 \x01(\v2\x15.registry.v1.InstanceR\binstance\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"6\n" +
@@ -2433,7 +3000,40 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\fetcd_version\x18\n" +
 	" \x01(\tR\vetcdVersion\x12\x18\n" +
 	"\aversion\x18\v \x01(\tR\aversion\x12\x14\n" +
-	"\x05epoch\x18\f \x01(\tR\x05epoch*m\n" +
+	"\x05epoch\x18\f \x01(\tR\x05epoch\"\xa3\x01\n" +
+	"\n" +
+	"TokenScope\x120\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1c.registry.v1.TokenScope.KindR\x04kind\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"M\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fKIND_SERVICE\x10\x01\x12\x0f\n" +
+	"\vKIND_PREFIX\x10\x02\x12\f\n" +
+	"\bKIND_ALL\x10\x03\"\xbe\x02\n" +
+	"\tTokenInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x16.registry.v1.TokenRoleR\x04role\x12-\n" +
+	"\x05scope\x18\x03 \x01(\v2\x17.registry.v1.TokenScopeR\x05scope\x124\n" +
+	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x124\n" +
+	"\aexpires\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x127\n" +
+	"\tlast_used\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\a \x01(\tR\tcreatedBy\"\xb0\x01\n" +
+	"\x12CreateTokenRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x16.registry.v1.TokenRoleR\x04role\x12-\n" +
+	"\x05scope\x18\x03 \x01(\v2\x17.registry.v1.TokenScopeR\x05scope\x12+\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"[\n" +
+	"\x13CreateTokenResponse\x12,\n" +
+	"\x05token\x18\x01 \x01(\v2\x16.registry.v1.TokenInfoR\x05token\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x13\n" +
+	"\x11ListTokensRequest\"D\n" +
+	"\x12ListTokensResponse\x12.\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x16.registry.v1.TokenInfoR\x06tokens\"(\n" +
+	"\x12RevokeTokenRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"1\n" +
+	"\x13RevokeTokenResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision*m\n" +
 	"\tLifecycle\x12\x19\n" +
 	"\x15LIFECYCLE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LIFECYCLE_STARTING\x10\x01\x12\x15\n" +
@@ -2448,7 +3048,13 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fCHECK_KIND_NONE\x10\x00\x12\x12\n" +
 	"\x0eCHECK_KIND_TCP\x10\x01\x12\x13\n" +
 	"\x0fCHECK_KIND_HTTP\x10\x02\x12\x13\n" +
-	"\x0fCHECK_KIND_GRPC\x10\x032\xf4\x04\n" +
+	"\x0fCHECK_KIND_GRPC\x10\x03*\x83\x01\n" +
+	"\tTokenRole\x12\x1a\n" +
+	"\x16TOKEN_ROLE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fTOKEN_ROLE_READ\x10\x01\x12\x17\n" +
+	"\x13TOKEN_ROLE_REGISTER\x10\x02\x12\x16\n" +
+	"\x12TOKEN_ROLE_OPERATE\x10\x03\x12\x14\n" +
+	"\x10TOKEN_ROLE_ADMIN\x10\x042\xf4\x04\n" +
 	"\bRegistry\x12G\n" +
 	"\bRegister\x12\x1c.registry.v1.RegisterRequest\x1a\x1d.registry.v1.RegisterResponse\x12N\n" +
 	"\tKeepAlive\x12\x1d.registry.v1.KeepAliveRequest\x1a\x1e.registry.v1.KeepAliveResponse(\x010\x01\x12M\n" +
@@ -2459,7 +3065,12 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x03Get\x12\x17.registry.v1.GetRequest\x1a\x18.registry.v1.GetResponse\x12;\n" +
 	"\x04List\x12\x18.registry.v1.ListRequest\x1a\x19.registry.v1.ListResponse\x12@\n" +
 	"\x05Watch\x12\x19.registry.v1.WatchRequest\x1a\x1a.registry.v1.WatchResponse0\x01\x12A\n" +
-	"\x06Status\x12\x1a.registry.v1.StatusRequest\x1a\x1b.registry.v1.StatusResponseB=Z;github.com/regcluster/registry/proto/registry/v1;registryv1b\x06proto3"
+	"\x06Status\x12\x1a.registry.v1.StatusRequest\x1a\x1b.registry.v1.StatusResponse2\xfb\x01\n" +
+	"\x06Tokens\x12P\n" +
+	"\vCreateToken\x12\x1f.registry.v1.CreateTokenRequest\x1a .registry.v1.CreateTokenResponse\x12M\n" +
+	"\n" +
+	"ListTokens\x12\x1e.registry.v1.ListTokensRequest\x1a\x1f.registry.v1.ListTokensResponse\x12P\n" +
+	"\vRevokeToken\x12\x1f.registry.v1.RevokeTokenRequest\x1a .registry.v1.RevokeTokenResponseB=Z;github.com/regcluster/registry/proto/registry/v1;registryv1b\x06proto3"
 
 var (
 	file_registry_v1_registry_proto_rawDescOnce sync.Once
@@ -2473,97 +3084,124 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 	return file_registry_v1_registry_proto_rawDescData
 }
 
-var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Lifecycle)(0),                // 0: registry.v1.Lifecycle
 	(HealthState)(0),              // 1: registry.v1.HealthState
 	(CheckKind)(0),                // 2: registry.v1.CheckKind
-	(Event_Type)(0),               // 3: registry.v1.Event.Type
-	(*HealthCheck)(nil),           // 4: registry.v1.HealthCheck
-	(*Health)(nil),                // 5: registry.v1.Health
-	(*Instance)(nil),              // 6: registry.v1.Instance
-	(*RegisterRequest)(nil),       // 7: registry.v1.RegisterRequest
-	(*RegisterResponse)(nil),      // 8: registry.v1.RegisterResponse
-	(*KeepAliveRequest)(nil),      // 9: registry.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 10: registry.v1.KeepAliveResponse
-	(*DeregisterRequest)(nil),     // 11: registry.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),    // 12: registry.v1.DeregisterResponse
-	(*DrainRequest)(nil),          // 13: registry.v1.DrainRequest
-	(*DrainResponse)(nil),         // 14: registry.v1.DrainResponse
-	(*UndrainRequest)(nil),        // 15: registry.v1.UndrainRequest
-	(*UndrainResponse)(nil),       // 16: registry.v1.UndrainResponse
-	(*GetRequest)(nil),            // 17: registry.v1.GetRequest
-	(*GetResponse)(nil),           // 18: registry.v1.GetResponse
-	(*ListRequest)(nil),           // 19: registry.v1.ListRequest
-	(*ListResponse)(nil),          // 20: registry.v1.ListResponse
-	(*WatchRequest)(nil),          // 21: registry.v1.WatchRequest
-	(*Snapshot)(nil),              // 22: registry.v1.Snapshot
-	(*Event)(nil),                 // 23: registry.v1.Event
-	(*Events)(nil),                // 24: registry.v1.Events
-	(*Progress)(nil),              // 25: registry.v1.Progress
-	(*WatchResponse)(nil),         // 26: registry.v1.WatchResponse
-	(*StatusRequest)(nil),         // 27: registry.v1.StatusRequest
-	(*Member)(nil),                // 28: registry.v1.Member
-	(*InstanceCounts)(nil),        // 29: registry.v1.InstanceCounts
-	(*StatusResponse)(nil),        // 30: registry.v1.StatusResponse
-	nil,                           // 31: registry.v1.Instance.MetadataEntry
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(TokenRole)(0),                // 3: registry.v1.TokenRole
+	(Event_Type)(0),               // 4: registry.v1.Event.Type
+	(TokenScope_Kind)(0),          // 5: registry.v1.TokenScope.Kind
+	(*HealthCheck)(nil),           // 6: registry.v1.HealthCheck
+	(*Health)(nil),                // 7: registry.v1.Health
+	(*Instance)(nil),              // 8: registry.v1.Instance
+	(*RegisterRequest)(nil),       // 9: registry.v1.RegisterRequest
+	(*RegisterResponse)(nil),      // 10: registry.v1.RegisterResponse
+	(*KeepAliveRequest)(nil),      // 11: registry.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 12: registry.v1.KeepAliveResponse
+	(*DeregisterRequest)(nil),     // 13: registry.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),    // 14: registry.v1.DeregisterResponse
+	(*DrainRequest)(nil),          // 15: registry.v1.DrainRequest
+	(*DrainResponse)(nil),         // 16: registry.v1.DrainResponse
+	(*UndrainRequest)(nil),        // 17: registry.v1.UndrainRequest
+	(*UndrainResponse)(nil),       // 18: registry.v1.UndrainResponse
+	(*GetRequest)(nil),            // 19: registry.v1.GetRequest
+	(*GetResponse)(nil),           // 20: registry.v1.GetResponse
+	(*ListRequest)(nil),           // 21: registry.v1.ListRequest
+	(*ListResponse)(nil),          // 22: registry.v1.ListResponse
+	(*WatchRequest)(nil),          // 23: registry.v1.WatchRequest
+	(*Snapshot)(nil),              // 24: registry.v1.Snapshot
+	(*Event)(nil),                 // 25: registry.v1.Event
+	(*Events)(nil),                // 26: registry.v1.Events
+	(*Progress)(nil),              // 27: registry.v1.Progress
+	(*WatchResponse)(nil),         // 28: registry.v1.WatchResponse
+	(*StatusRequest)(nil),         // 29: registry.v1.StatusRequest
+	(*Member)(nil),                // 30: registry.v1.Member
+	(*InstanceCounts)(nil),        // 31: registry.v1.InstanceCounts
+	(*StatusResponse)(nil),        // 32: registry.v1.StatusResponse
+	(*TokenScope)(nil),            // 33: registry.v1.TokenScope
+	(*TokenInfo)(nil),             // 34: registry.v1.TokenInfo
+	(*CreateTokenRequest)(nil),    // 35: registry.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 36: registry.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),     // 37: registry.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 38: registry.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),    // 39: registry.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),   // 40: registry.v1.RevokeTokenResponse
+	nil,                           // 41: registry.v1.Instance.MetadataEntry
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	2,  // 0: registry.v1.HealthCheck.kind:type_name -> registry.v1.CheckKind
-	32, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	32, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
-	32, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
+	42, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	42, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	42, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
 	1,  // 4: registry.v1.Health.state:type_name -> registry.v1.HealthState
-	33, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
-	32, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
-	31, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
-	4,  // 8: registry.v1.Instance.check:type_name -> registry.v1.HealthCheck
+	43, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
+	42, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
+	41, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
+	6,  // 8: registry.v1.Instance.check:type_name -> registry.v1.HealthCheck
 	0,  // 9: registry.v1.Instance.lifecycle:type_name -> registry.v1.Lifecycle
-	5,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
-	33, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	33, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
-	6,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
-	32, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
-	6,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
-	6,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
-	6,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
-	6,  // 18: registry.v1.GetResponse.instance:type_name -> registry.v1.Instance
-	6,  // 19: registry.v1.ListResponse.instances:type_name -> registry.v1.Instance
-	6,  // 20: registry.v1.Snapshot.instances:type_name -> registry.v1.Instance
-	3,  // 21: registry.v1.Event.type:type_name -> registry.v1.Event.Type
-	6,  // 22: registry.v1.Event.instance:type_name -> registry.v1.Instance
-	23, // 23: registry.v1.Events.events:type_name -> registry.v1.Event
-	22, // 24: registry.v1.WatchResponse.snapshot:type_name -> registry.v1.Snapshot
-	24, // 25: registry.v1.WatchResponse.events:type_name -> registry.v1.Events
-	25, // 26: registry.v1.WatchResponse.progress:type_name -> registry.v1.Progress
-	28, // 27: registry.v1.StatusResponse.members:type_name -> registry.v1.Member
-	29, // 28: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
-	7,  // 29: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	9,  // 30: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	11, // 31: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	13, // 32: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	15, // 33: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	17, // 34: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	19, // 35: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	21, // 36: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	27, // 37: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	8,  // 38: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	10, // 39: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	12, // 40: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	14, // 41: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	16, // 42: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	18, // 43: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	20, // 44: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	26, // 45: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	30, // 46: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	38, // [38:47] is the sub-list for method output_type
-	29, // [29:38] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	7,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
+	43, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	43, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
+	8,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
+	42, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
+	8,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
+	8,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
+	8,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
+	8,  // 18: registry.v1.GetResponse.instance:type_name -> registry.v1.Instance
+	8,  // 19: registry.v1.ListResponse.instances:type_name -> registry.v1.Instance
+	8,  // 20: registry.v1.Snapshot.instances:type_name -> registry.v1.Instance
+	4,  // 21: registry.v1.Event.type:type_name -> registry.v1.Event.Type
+	8,  // 22: registry.v1.Event.instance:type_name -> registry.v1.Instance
+	25, // 23: registry.v1.Events.events:type_name -> registry.v1.Event
+	24, // 24: registry.v1.WatchResponse.snapshot:type_name -> registry.v1.Snapshot
+	26, // 25: registry.v1.WatchResponse.events:type_name -> registry.v1.Events
+	27, // 26: registry.v1.WatchResponse.progress:type_name -> registry.v1.Progress
+	30, // 27: registry.v1.StatusResponse.members:type_name -> registry.v1.Member
+	31, // 28: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
+	5,  // 29: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
+	3,  // 30: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
+	33, // 31: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
+	43, // 32: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	43, // 33: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	43, // 34: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
+	3,  // 35: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
+	33, // 36: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
+	42, // 37: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	34, // 38: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
+	34, // 39: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
+	9,  // 40: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	11, // 41: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	13, // 42: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	15, // 43: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	17, // 44: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	19, // 45: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	21, // 46: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	23, // 47: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	29, // 48: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	35, // 49: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
+	37, // 50: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
+	39, // 51: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
+	10, // 52: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	12, // 53: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	14, // 54: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	16, // 55: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	18, // 56: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	20, // 57: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	22, // 58: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	28, // 59: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	32, // 60: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	36, // 61: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
+	38, // 62: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
+	40, // 63: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
+	52, // [52:64] is the sub-list for method output_type
+	40, // [40:52] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -2581,10 +3219,10 @@ func file_registry_v1_registry_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   28,
+			NumEnums:      6,
+			NumMessages:   36,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_registry_v1_registry_proto_goTypes,
 		DependencyIndexes: file_registry_v1_registry_proto_depIdxs,
