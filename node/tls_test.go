@@ -39,6 +39,7 @@ func startEmbedded(t *testing.T, cfg node.Config, clientScheme string) *node.Nod
 		c := cfg
 		c.Listen, c.MetricsListen, c.Logger, c.ShutdownGrace = "127.0.0.1:0", "127.0.0.1:0", quietLog, 200*time.Millisecond
 		c.Embed.Name, c.Embed.Dir, c.Embed.UnsafeNoFsync, c.Embed.LogLevel = "rn", t.TempDir(), true, "error"
+		c.Embed.BcryptCost = bcrypt.MinCost // authentication stays fast under -race
 		c.Embed.ListenClientURLs = []string{fmt.Sprintf("%s://127.0.0.1:%d", clientScheme, etcdtest.FreePort(t))}
 		c.Embed.ListenPeerURLs = []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePort(t))}
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
