@@ -478,6 +478,9 @@ func TestFullDiskFailsLoudly(t *testing.T) {
 	}
 	dir := t.TempDir()
 	env := embeddedEnv(t, filepath.Join(dir, "data"))
+	// One peer writes until the disk is full: past the registrations one
+	// peer may hold by default (1,500 of 14 KB fill 21 MB, not the disk).
+	env["REGNODE_MAX_REGISTRATIONS_PER_PEER"] = "100000"
 	// etcd preallocates 64 MiB WAL segments, the current one and the next:
 	// leave room for both and 32 MiB more, no quota, so the WAL or the
 	// backend runs into the end of the disk while the regnode serves.
