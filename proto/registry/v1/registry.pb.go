@@ -2260,6 +2260,701 @@ func (x *StatusResponse) GetEpoch() string {
 	return ""
 }
 
+// SubscribeRequest is one message of a client on a Subscribe stream.
+type SubscribeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*SubscribeRequest_Add
+	//	*SubscribeRequest_Remove
+	//	*SubscribeRequest_Ack
+	Kind isSubscribeRequest_Kind `protobuf_oneof:"kind"`
+	// subscriber names the client (e.g. host/pid) in drain reports; read
+	// from any message that sets it, usually the first.
+	Subscriber    string `protobuf:"bytes,10,opt,name=subscriber,proto3" json:"subscriber,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRequest) Reset() {
+	*x = SubscribeRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRequest) ProtoMessage() {}
+
+func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
+func (*SubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SubscribeRequest) GetKind() isSubscribeRequest_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetAdd() *SubscribeAdd {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Add); ok {
+			return x.Add
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetRemove() *SubscribeRemove {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Remove); ok {
+			return x.Remove
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetAck() *SubscribeAck {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Ack); ok {
+			return x.Ack
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetSubscriber() string {
+	if x != nil {
+		return x.Subscriber
+	}
+	return ""
+}
+
+type isSubscribeRequest_Kind interface {
+	isSubscribeRequest_Kind()
+}
+
+type SubscribeRequest_Add struct {
+	Add *SubscribeAdd `protobuf:"bytes,1,opt,name=add,proto3,oneof"`
+}
+
+type SubscribeRequest_Remove struct {
+	Remove *SubscribeRemove `protobuf:"bytes,2,opt,name=remove,proto3,oneof"`
+}
+
+type SubscribeRequest_Ack struct {
+	Ack *SubscribeAck `protobuf:"bytes,3,opt,name=ack,proto3,oneof"`
+}
+
+func (*SubscribeRequest_Add) isSubscribeRequest_Kind() {}
+
+func (*SubscribeRequest_Remove) isSubscribeRequest_Kind() {}
+
+func (*SubscribeRequest_Ack) isSubscribeRequest_Kind() {}
+
+// SubscribeAdd starts following service ("" for every service) on the
+// stream, with the resume point of WatchRequest: everything up to
+// from_revision of epoch has been applied (0: nothing, a snapshot first).
+// Adding a service already followed restarts it from this point.
+type SubscribeAdd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	FromRevision  int64                  `protobuf:"varint,2,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"`
+	Epoch         string                 `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeAdd) Reset() {
+	*x = SubscribeAdd{}
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeAdd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeAdd) ProtoMessage() {}
+
+func (x *SubscribeAdd) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeAdd.ProtoReflect.Descriptor instead.
+func (*SubscribeAdd) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SubscribeAdd) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SubscribeAdd) GetFromRevision() int64 {
+	if x != nil {
+		return x.FromRevision
+	}
+	return 0
+}
+
+func (x *SubscribeAdd) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+// SubscribeRemove stops following service; the server sends nothing more
+// of it (units already in flight may still arrive).
+type SubscribeRemove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRemove) Reset() {
+	*x = SubscribeRemove{}
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRemove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRemove) ProtoMessage() {}
+
+func (x *SubscribeRemove) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRemove.ProtoReflect.Descriptor instead.
+func (*SubscribeRemove) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SubscribeRemove) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+// SubscribeAck says the client has applied every unit of service up to
+// revision (of the epoch of the units it applied). A drain waits on acks.
+type SubscribeAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeAck) Reset() {
+	*x = SubscribeAck{}
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeAck) ProtoMessage() {}
+
+func (x *SubscribeAck) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeAck.ProtoReflect.Descriptor instead.
+func (*SubscribeAck) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SubscribeAck) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SubscribeAck) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// SubscribeError ends the subscription of one service, not the stream:
+// code and message are a gRPC status's (e.g. OUT_OF_RANGE with reason
+// REVISION_AHEAD, the ErrorInfo reason of the same error on Watch).
+type SubscribeError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          int32                  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Metadata      map[string]string      `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeError) Reset() {
+	*x = SubscribeError{}
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeError) ProtoMessage() {}
+
+func (x *SubscribeError) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeError.ProtoReflect.Descriptor instead.
+func (*SubscribeError) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SubscribeError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *SubscribeError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SubscribeError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SubscribeError) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+// SubscribeResponse is one message of the server on a Subscribe stream:
+// one chunk of a unit of service, exactly as Watch would send it, or the
+// end of that service's subscription. Field order is wire order: a server
+// may send a WatchResponse encoded once for many streams as field 2.
+type SubscribeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Unit          *WatchResponse         `protobuf:"bytes,2,opt,name=unit,proto3" json:"unit,omitempty"`
+	Error         *SubscribeError        `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeResponse) Reset() {
+	*x = SubscribeResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeResponse) ProtoMessage() {}
+
+func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
+func (*SubscribeResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *SubscribeResponse) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SubscribeResponse) GetUnit() *WatchResponse {
+	if x != nil {
+		return x.Unit
+	}
+	return nil
+}
+
+func (x *SubscribeResponse) GetError() *SubscribeError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// WaitAppliedRequest asks until when every live subscriber of service
+// (those of every service included) has acknowledged revision.
+type WaitAppliedRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Service  string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Revision int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// timeout bounds the wait (0: answer at once with who has not).
+	Timeout *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// local: count only this regnode's subscribers (what one regnode asks
+	// another); otherwise every regnode announced under <prefix>nodes/.
+	Local         bool `protobuf:"varint,4,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitAppliedRequest) Reset() {
+	*x = WaitAppliedRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitAppliedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitAppliedRequest) ProtoMessage() {}
+
+func (x *WaitAppliedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitAppliedRequest.ProtoReflect.Descriptor instead.
+func (*WaitAppliedRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *WaitAppliedRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *WaitAppliedRequest) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *WaitAppliedRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *WaitAppliedRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+// Laggard is one live subscriber that has not applied the revision.
+type Laggard struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Subscriber    string                 `protobuf:"bytes,1,opt,name=subscriber,proto3" json:"subscriber,omitempty"` // as the client named itself
+	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`             // its address as the regnode sees it
+	Revision      int64                  `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`    // the revision it acknowledged last
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Laggard) Reset() {
+	*x = Laggard{}
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Laggard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Laggard) ProtoMessage() {}
+
+func (x *Laggard) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Laggard.ProtoReflect.Descriptor instead.
+func (*Laggard) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *Laggard) GetSubscriber() string {
+	if x != nil {
+		return x.Subscriber
+	}
+	return ""
+}
+
+func (x *Laggard) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *Laggard) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// NodeApplied is one regnode's part of a WaitApplied answer.
+type NodeApplied struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Subscribers   int64                  `protobuf:"varint,3,opt,name=subscribers,proto3" json:"subscribers,omitempty"` // live subscribers of the service
+	Pending       int64                  `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"`         // of those, how many have not applied it
+	Laggards      []*Laggard             `protobuf:"bytes,5,rep,name=laggards,proto3" json:"laggards,omitempty"`
+	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"` // the regnode could not be asked: its count is unknown
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeApplied) Reset() {
+	*x = NodeApplied{}
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeApplied) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeApplied) ProtoMessage() {}
+
+func (x *NodeApplied) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeApplied.ProtoReflect.Descriptor instead.
+func (*NodeApplied) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *NodeApplied) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeApplied) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeApplied) GetSubscribers() int64 {
+	if x != nil {
+		return x.Subscribers
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetPending() int64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetLaggards() []*Laggard {
+	if x != nil {
+		return x.Laggards
+	}
+	return nil
+}
+
+func (x *NodeApplied) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type WaitAppliedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Done          bool                   `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"` // every live subscriber of every regnode applied it
+	Subscribers   int64                  `protobuf:"varint,2,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
+	Pending       int64                  `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
+	Nodes         []*NodeApplied         `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitAppliedResponse) Reset() {
+	*x = WaitAppliedResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitAppliedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitAppliedResponse) ProtoMessage() {}
+
+func (x *WaitAppliedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitAppliedResponse.ProtoReflect.Descriptor instead.
+func (*WaitAppliedResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *WaitAppliedResponse) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *WaitAppliedResponse) GetSubscribers() int64 {
+	if x != nil {
+		return x.Subscribers
+	}
+	return 0
+}
+
+func (x *WaitAppliedResponse) GetPending() int64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *WaitAppliedResponse) GetNodes() []*NodeApplied {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 var File_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_registry_v1_registry_proto_rawDesc = "" +
@@ -2433,7 +3128,60 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\fetcd_version\x18\n" +
 	" \x01(\tR\vetcdVersion\x12\x18\n" +
 	"\aversion\x18\v \x01(\tR\aversion\x12\x14\n" +
-	"\x05epoch\x18\f \x01(\tR\x05epoch*m\n" +
+	"\x05epoch\x18\f \x01(\tR\x05epoch\"\xd0\x01\n" +
+	"\x10SubscribeRequest\x12-\n" +
+	"\x03add\x18\x01 \x01(\v2\x19.registry.v1.SubscribeAddH\x00R\x03add\x126\n" +
+	"\x06remove\x18\x02 \x01(\v2\x1c.registry.v1.SubscribeRemoveH\x00R\x06remove\x12-\n" +
+	"\x03ack\x18\x03 \x01(\v2\x19.registry.v1.SubscribeAckH\x00R\x03ack\x12\x1e\n" +
+	"\n" +
+	"subscriber\x18\n" +
+	" \x01(\tR\n" +
+	"subscriberB\x06\n" +
+	"\x04kind\"c\n" +
+	"\fSubscribeAdd\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12#\n" +
+	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\tR\x05epoch\"+\n" +
+	"\x0fSubscribeRemove\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\"D\n" +
+	"\fSubscribeAck\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\xda\x01\n" +
+	"\x0eSubscribeError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12E\n" +
+	"\bmetadata\x18\x04 \x03(\v2).registry.v1.SubscribeError.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x11SubscribeResponse\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12.\n" +
+	"\x04unit\x18\x02 \x01(\v2\x1a.registry.v1.WatchResponseR\x04unit\x121\n" +
+	"\x05error\x18\x03 \x01(\v2\x1b.registry.v1.SubscribeErrorR\x05error\"\x95\x01\n" +
+	"\x12WaitAppliedRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x123\n" +
+	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x14\n" +
+	"\x05local\x18\x04 \x01(\bR\x05local\"Y\n" +
+	"\aLaggard\x12\x1e\n" +
+	"\n" +
+	"subscriber\x18\x01 \x01(\tR\n" +
+	"subscriber\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"\xbf\x01\n" +
+	"\vNodeApplied\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12 \n" +
+	"\vsubscribers\x18\x03 \x01(\x03R\vsubscribers\x12\x18\n" +
+	"\apending\x18\x04 \x01(\x03R\apending\x120\n" +
+	"\blaggards\x18\x05 \x03(\v2\x14.registry.v1.LaggardR\blaggards\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\x95\x01\n" +
+	"\x13WaitAppliedResponse\x12\x12\n" +
+	"\x04done\x18\x01 \x01(\bR\x04done\x12 \n" +
+	"\vsubscribers\x18\x02 \x01(\x03R\vsubscribers\x12\x18\n" +
+	"\apending\x18\x03 \x01(\x03R\apending\x12.\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x18.registry.v1.NodeAppliedR\x05nodes*m\n" +
 	"\tLifecycle\x12\x19\n" +
 	"\x15LIFECYCLE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LIFECYCLE_STARTING\x10\x01\x12\x15\n" +
@@ -2448,7 +3196,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fCHECK_KIND_NONE\x10\x00\x12\x12\n" +
 	"\x0eCHECK_KIND_TCP\x10\x01\x12\x13\n" +
 	"\x0fCHECK_KIND_HTTP\x10\x02\x12\x13\n" +
-	"\x0fCHECK_KIND_GRPC\x10\x032\xf4\x04\n" +
+	"\x0fCHECK_KIND_GRPC\x10\x032\x96\x06\n" +
 	"\bRegistry\x12G\n" +
 	"\bRegister\x12\x1c.registry.v1.RegisterRequest\x1a\x1d.registry.v1.RegisterResponse\x12N\n" +
 	"\tKeepAlive\x12\x1d.registry.v1.KeepAliveRequest\x1a\x1e.registry.v1.KeepAliveResponse(\x010\x01\x12M\n" +
@@ -2459,7 +3207,9 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x03Get\x12\x17.registry.v1.GetRequest\x1a\x18.registry.v1.GetResponse\x12;\n" +
 	"\x04List\x12\x18.registry.v1.ListRequest\x1a\x19.registry.v1.ListResponse\x12@\n" +
 	"\x05Watch\x12\x19.registry.v1.WatchRequest\x1a\x1a.registry.v1.WatchResponse0\x01\x12A\n" +
-	"\x06Status\x12\x1a.registry.v1.StatusRequest\x1a\x1b.registry.v1.StatusResponseB=Z;github.com/regcluster/registry/proto/registry/v1;registryv1b\x06proto3"
+	"\x06Status\x12\x1a.registry.v1.StatusRequest\x1a\x1b.registry.v1.StatusResponse\x12N\n" +
+	"\tSubscribe\x12\x1d.registry.v1.SubscribeRequest\x1a\x1e.registry.v1.SubscribeResponse(\x010\x01\x12P\n" +
+	"\vWaitApplied\x12\x1f.registry.v1.WaitAppliedRequest\x1a .registry.v1.WaitAppliedResponseB=Z;github.com/regcluster/registry/proto/registry/v1;registryv1b\x06proto3"
 
 var (
 	file_registry_v1_registry_proto_rawDescOnce sync.Once
@@ -2474,7 +3224,7 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Lifecycle)(0),                // 0: registry.v1.Lifecycle
 	(HealthState)(0),              // 1: registry.v1.HealthState
@@ -2507,26 +3257,37 @@ var file_registry_v1_registry_proto_goTypes = []any{
 	(*Member)(nil),                // 28: registry.v1.Member
 	(*InstanceCounts)(nil),        // 29: registry.v1.InstanceCounts
 	(*StatusResponse)(nil),        // 30: registry.v1.StatusResponse
-	nil,                           // 31: registry.v1.Instance.MetadataEntry
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(*SubscribeRequest)(nil),      // 31: registry.v1.SubscribeRequest
+	(*SubscribeAdd)(nil),          // 32: registry.v1.SubscribeAdd
+	(*SubscribeRemove)(nil),       // 33: registry.v1.SubscribeRemove
+	(*SubscribeAck)(nil),          // 34: registry.v1.SubscribeAck
+	(*SubscribeError)(nil),        // 35: registry.v1.SubscribeError
+	(*SubscribeResponse)(nil),     // 36: registry.v1.SubscribeResponse
+	(*WaitAppliedRequest)(nil),    // 37: registry.v1.WaitAppliedRequest
+	(*Laggard)(nil),               // 38: registry.v1.Laggard
+	(*NodeApplied)(nil),           // 39: registry.v1.NodeApplied
+	(*WaitAppliedResponse)(nil),   // 40: registry.v1.WaitAppliedResponse
+	nil,                           // 41: registry.v1.Instance.MetadataEntry
+	nil,                           // 42: registry.v1.SubscribeError.MetadataEntry
+	(*durationpb.Duration)(nil),   // 43: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	2,  // 0: registry.v1.HealthCheck.kind:type_name -> registry.v1.CheckKind
-	32, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	32, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
-	32, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
+	43, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	43, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	43, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
 	1,  // 4: registry.v1.Health.state:type_name -> registry.v1.HealthState
-	33, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
-	32, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
-	31, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
+	44, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
+	43, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
+	41, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
 	4,  // 8: registry.v1.Instance.check:type_name -> registry.v1.HealthCheck
 	0,  // 9: registry.v1.Instance.lifecycle:type_name -> registry.v1.Lifecycle
 	5,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
-	33, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	33, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
+	44, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	44, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
 	6,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
-	32, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
+	43, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
 	6,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
 	6,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
 	6,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
@@ -2541,29 +3302,42 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	25, // 26: registry.v1.WatchResponse.progress:type_name -> registry.v1.Progress
 	28, // 27: registry.v1.StatusResponse.members:type_name -> registry.v1.Member
 	29, // 28: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
-	7,  // 29: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	9,  // 30: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	11, // 31: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	13, // 32: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	15, // 33: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	17, // 34: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	19, // 35: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	21, // 36: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	27, // 37: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	8,  // 38: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	10, // 39: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	12, // 40: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	14, // 41: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	16, // 42: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	18, // 43: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	20, // 44: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	26, // 45: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	30, // 46: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	38, // [38:47] is the sub-list for method output_type
-	29, // [29:38] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	32, // 29: registry.v1.SubscribeRequest.add:type_name -> registry.v1.SubscribeAdd
+	33, // 30: registry.v1.SubscribeRequest.remove:type_name -> registry.v1.SubscribeRemove
+	34, // 31: registry.v1.SubscribeRequest.ack:type_name -> registry.v1.SubscribeAck
+	42, // 32: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
+	26, // 33: registry.v1.SubscribeResponse.unit:type_name -> registry.v1.WatchResponse
+	35, // 34: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
+	43, // 35: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
+	38, // 36: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
+	39, // 37: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
+	7,  // 38: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	9,  // 39: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	11, // 40: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	13, // 41: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	15, // 42: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	17, // 43: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	19, // 44: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	21, // 45: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	27, // 46: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	31, // 47: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
+	37, // 48: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
+	8,  // 49: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	10, // 50: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	12, // 51: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	14, // 52: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	16, // 53: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	18, // 54: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	20, // 55: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	26, // 56: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	30, // 57: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	36, // 58: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
+	40, // 59: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
+	49, // [49:60] is the sub-list for method output_type
+	38, // [38:49] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -2576,13 +3350,18 @@ func file_registry_v1_registry_proto_init() {
 		(*WatchResponse_Events)(nil),
 		(*WatchResponse_Progress)(nil),
 	}
+	file_registry_v1_registry_proto_msgTypes[27].OneofWrappers = []any{
+		(*SubscribeRequest_Add)(nil),
+		(*SubscribeRequest_Remove)(nil),
+		(*SubscribeRequest_Ack)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   28,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
