@@ -337,7 +337,7 @@ func (s *Server) WaitApplied(ctx context.Context, req *registryv1.WaitAppliedReq
 	go func() { defer wg.Done(); nodes[0] = s.waitLocal(wctx, req.Service, req.Revision) }()
 	i := 1
 	for _, p := range peers {
-		if p.Name == s.cfg.Node {
+		if p.Addr == s.cfg.Addr {
 			continue
 		}
 		wg.Add(1)

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -288,4 +289,76 @@ func TestWaitAppliedCountsAcks(t *testing.T) {
 	}
 	_ = two.CloseSend()
 	_ = every.CloseSend()
+}
+
+// WaitApplied through one regnode counts the subscribers of every regnode
+// announced: a subscriber behind on another regnode is named with it; a
+// regnode that stops leaves the count.
+func TestWaitAppliedAsksEveryRegnode(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	rns := []*regnodetest.Regnode{regnodetest.StartExternal(t, m.ClientURL), regnodetest.StartExternal(t, m.ClientURL),
+		regnodetest.StartExternal(t, m.ClientURL)}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	api := newClient(t, rns[0].Addr).API()
+	if _, err := api.Register(ctx, &registryv1.RegisterRequest{Instance: inst("alpha", "a-1")}); err != nil {
+		t.Fatal(err)
+	}
+	var streams []registryv1.Registry_SubscribeClient
+	for i, rn := range rns {
+		st, err := newClient(t, rn.Addr).API().Subscribe(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := add("alpha", 0, "")
+		req.Subscriber = fmt.Sprintf("sub-%d", i)
+		if err := st.Send(req); err != nil {
+			t.Fatal(err)
+		}
+		readMux(st).until(t, "a snapshot", wholeSnapshot("alpha"))
+		streams = append(streams, st)
+	}
+	d, err := api.Drain(ctx, &registryv1.DrainRequest{Service: "alpha", Id: "a-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range streams[:2] {
+		if err := st.Send(&registryv1.SubscribeRequest{Kind: &registryv1.SubscribeRequest_Ack{Ack: &registryv1.SubscribeAck{Service: "alpha", Revision: d.Revision}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask := func() *registryv1.WaitAppliedResponse {
+		t.Helper()
+		resp, err := api.WaitApplied(ctx, &registryv1.WaitAppliedRequest{Service: "alpha", Revision: d.Revision, Timeout: durationpb.New(300 * time.Millisecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	waitFor(t, 30*time.Second, "the two acks counted", func() bool { return ask().Pending == 1 })
+	resp := ask()
+	if resp.Done || len(resp.Nodes) != 3 || resp.Subscribers != 3 {
+		t.Fatalf("three regnodes, one subscriber each, one behind: %v", resp)
+	}
+	for _, n := range resp.Nodes {
+		if n.Error != "" {
+			t.Fatalf("regnode %s not asked: %s", n.Node, n.Error)
+		}
+		if n.Pending != 0 && (n.Node != rns[2].Node.Name() || n.Address != rns[2].Addr || n.Laggards[0].Subscriber != "sub-2") {
+			t.Fatalf("the one behind is sub-2 on %s (%s): %v", rns[2].Node.Name(), rns[2].Addr, n)
+		}
+	}
+	if err := streams[2].Send(&registryv1.SubscribeRequest{Kind: &registryv1.SubscribeRequest_Ack{Ack: &registryv1.SubscribeAck{Service: "alpha", Revision: d.Revision}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "every regnode's subscribers done", func() bool { return ask().Done })
+	if err := rns[1].Node.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if resp := ask(); len(resp.Nodes) != 2 || !resp.Done {
+		t.Fatalf("after a regnode stopped: %v, want the two left, done", resp)
+	}
+	for _, st := range streams {
+		_ = st.CloseSend()
+	}
 }
