@@ -74,6 +74,16 @@ type Config struct {
 	// CacheMaxAge is the age past which a disk view is ignored, with a
 	// warning (default DefaultCacheMaxAge).
 	CacheMaxAge time.Duration
+
+	// Subscriber names this client to the regnodes (in the answer of a
+	// drain waiting for subscribers); default "<host>/<pid>".
+	Subscriber string
+	// WatchPerSubscription makes every Subscription open a Watch stream
+	// of its own, as the SDK did before the Subscribe stream (for regnodes
+	// that serve no Subscribe). Default: one Subscribe stream per Client
+	// carries every Subscription and resolver, and acknowledges what they
+	// applied.
+	WatchPerSubscription bool
 }
 
 // Policy is the balancing and retry policy of the channels to one
@@ -101,6 +111,9 @@ type Client struct {
 
 	cacheDir    string // Config.CacheDir
 	cacheMaxAge time.Duration
+
+	mux        *mux   // the Subscribe stream (mux.go), nil with WatchPerSubscription
+	subscriber string // Config.Subscriber
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -196,9 +209,14 @@ func New(cfg Config) (*Client, error) {
 		log = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
+	c := &Client{cc: cc, api: registryv1.NewRegistryClient(cc), log: log, ctx: ctx, cancel: cancel,
 		policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
-		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: maxAge}, nil
+		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: maxAge,
+		subscriber: subscriberName(cfg.Subscriber)}
+	if !cfg.WatchPerSubscription {
+		c.mux = newMux(c)
+	}
+	return c, nil
 }
 
 // DialOptions are the options of a channel to a registered service:
@@ -260,6 +278,9 @@ func (c *Client) Close() error {
 	c.cancel()
 	for _, s := range subs {
 		s.Close()
+	}
+	if c.mux != nil {
+		c.mux.close()
 	}
 	return c.cc.Close()
 }
