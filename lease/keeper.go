@@ -425,7 +425,12 @@ func (k *Keeper) waitDrained(ctx context.Context) {
 			k.log.Info("every live subscriber applied the drain")
 			return
 		}
-		k.log.Warn("not every subscriber is known to have applied the drain; waiting the rest of the grace", "err", err)
+		if gctx.Err() != nil {
+			// The grace (or the caller) ended the wait: what the grace is for.
+			k.log.Info("drain grace ended before every subscriber was known to have applied the drain", "err", err)
+			return
+		}
+		k.log.Warn("cannot tell whether every subscriber applied the drain; waiting the rest of the grace", "err", err)
 	}
 	<-gctx.Done()
 }
