@@ -131,6 +131,11 @@ func (t *subscribers) pending(service string, rev int64) (live int, behind []*re
 	return live, behind, t.changed
 }
 
+// MaxStreamServices bounds the services one Subscribe stream follows at
+// once (each costs a fan-out subscription and a goroutine); an add past it
+// ends that service with ResourceExhausted.
+const MaxStreamServices = 10000
+
 // Subscribe serves the multiplexed subscription stream: see the proto's
 // SubscribeRequest and SubscribeResponse.
 func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
@@ -168,7 +173,11 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 				s.stopFollower(f)
 				delete(followers, add.Service)
 			}
-			if err := s.checkAdd(add); err != nil {
+			err := s.checkAdd(add)
+			if err == nil && len(followers) >= MaxStreamServices {
+				err = status.Errorf(codes.ResourceExhausted, "a Subscribe stream follows at most %d services", MaxStreamServices)
+			}
+			if err != nil {
 				if serr := ms.sendError(add.Service, err); serr != nil {
 					return serr
 				}
