@@ -56,18 +56,83 @@ type mux struct {
 	stalled string
 }
 
-// muxConn is one open Subscribe stream.
+// muxConn is one open Subscribe stream. Only its sender goroutine sends:
+// the goroutine that reads the stream, and whoever adds or removes a
+// service, never wait on the network. (Were the reader to block on a
+// send, a regnode blocked sending to it would stop reading too, and
+// neither side would move again.)
 type muxConn struct {
 	gen    int
 	cancel context.CancelFunc
-	sendMu sync.Mutex
 	stream registryv1.Registry_SubscribeClient
+
+	mu   sync.Mutex
+	ctl  []*registryv1.SubscribeRequest // adds and removes, in order
+	acks map[*feed]int64                // the latest revision applied, per feed
+	wake chan struct{}
 }
 
-func (mc *muxConn) send(req *registryv1.SubscribeRequest) error {
-	mc.sendMu.Lock()
-	defer mc.sendMu.Unlock()
-	return mc.stream.Send(req)
+func newMuxConn(cancel context.CancelFunc, st registryv1.Registry_SubscribeClient) *muxConn {
+	return &muxConn{cancel: cancel, stream: st, acks: map[*feed]int64{}, wake: make(chan struct{}, 1)}
+}
+
+func (mc *muxConn) kick() {
+	select {
+	case mc.wake <- struct{}{}:
+	default:
+	}
+}
+
+// queue sends req after every add and remove queued before it.
+func (mc *muxConn) queue(req *registryv1.SubscribeRequest) {
+	mc.mu.Lock()
+	mc.ctl = append(mc.ctl, req)
+	mc.mu.Unlock()
+	mc.kick()
+}
+
+// ack acknowledges rev of f; acks not yet sent are coalesced.
+func (mc *muxConn) ack(f *feed, rev int64) {
+	mc.mu.Lock()
+	if rev > mc.acks[f] {
+		mc.acks[f] = rev
+	}
+	mc.mu.Unlock()
+	mc.kick()
+}
+
+// sendLoop sends what is queued until ctx ends or a send fails (which
+// ends the stream). current says whether a feed is still on the stream:
+// an ack of a feed that left is dropped.
+func (mc *muxConn) sendLoop(ctx context.Context, current func(*feed) bool) {
+	for {
+		select {
+		case <-mc.wake:
+		case <-ctx.Done():
+			return
+		}
+		mc.mu.Lock()
+		ctl, acks := mc.ctl, mc.acks
+		mc.ctl, mc.acks = nil, map[*feed]int64{}
+		mc.mu.Unlock()
+		for _, req := range ctl {
+			if err := mc.stream.Send(req); err != nil {
+				mc.cancel()
+				return
+			}
+		}
+		for f, rev := range acks {
+			if !current(f) {
+				continue
+			}
+			err := mc.stream.Send(&registryv1.SubscribeRequest{Kind: &registryv1.SubscribeRequest_Ack{
+				Ack: &registryv1.SubscribeAck{Service: f.service, Revision: rev}}})
+			if err != nil {
+				mc.cancel()
+				return
+			}
+		}
+	}
 }
 
 // feed is one service followed on the stream.
@@ -119,7 +184,7 @@ func (m *mux) attach(s *Subscription) error {
 			// Sent under m.mu, as every add and remove: the regnode sees
 			// them in the order the feeds came and went.
 			f.gen = cur.gen
-			_ = cur.send(addRequest(m.c.subscriber, f.service, 0, "")) // a failed send breaks the stream: the next adds it
+			cur.queue(addRequest(m.c.subscriber, f.service, 0, ""))
 		}
 	}
 	if !m.mu.running {
@@ -184,8 +249,7 @@ func (m *mux) detach(s *Subscription) {
 		if len(m.mu.feeds) == 0 {
 			cur.cancel() // nothing left to follow: give the regnode its stream back
 		} else {
-			// A failed send breaks the stream, which forgets the service.
-			_ = cur.send(&registryv1.SubscribeRequest{Kind: &registryv1.SubscribeRequest_Remove{Remove: &registryv1.SubscribeRemove{Service: s.service}}})
+			cur.queue(&registryv1.SubscribeRequest{Kind: &registryv1.SubscribeRequest_Remove{Remove: &registryv1.SubscribeRemove{Service: s.service}}})
 		}
 	}
 }
@@ -354,7 +418,13 @@ func (m *mux) stream(ctx context.Context) (progressed bool, err error) {
 		return false, err
 	}
 	at := note.Picked()
-	mc := &muxConn{cancel: cancel, stream: st}
+	mc := newMuxConn(cancel, st)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		mc.sendLoop(sctx, func(f *feed) bool { return m.feedOf(f.service) == f })
+	}()
+	defer func() { cancel(); <-sent }()
 	defer func() {
 		m.mu.Lock()
 		if m.mu.cur == mc {
@@ -362,9 +432,7 @@ func (m *mux) stream(ctx context.Context) (progressed bool, err error) {
 		}
 		m.mu.Unlock()
 	}()
-	if err := m.addAll(mc); err != nil {
-		return false, err
-	}
+	m.addAll(mc)
 	deadline := newDeadline(deadlineD, cancel)
 	defer deadline.disarm()
 	gotSome := false
@@ -405,7 +473,7 @@ func (m *mux) stream(ctx context.Context) (progressed bool, err error) {
 
 // addAll makes mc the current stream and adds every feed to it, each
 // from its resume point, under m.mu (see attach).
-func (m *mux) addAll(mc *muxConn) error {
+func (m *mux) addAll(mc *muxConn) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.mu.gen++
@@ -416,11 +484,8 @@ func (m *mux) addAll(mc *muxConn) error {
 		f.gen = mc.gen
 		req := f.resume(m.c.subscriber)
 		f.mu.Unlock()
-		if err := mc.send(req); err != nil {
-			return fmt.Errorf("add %q to the subscription stream: %w", f.service, err)
-		}
+		mc.queue(req)
 	}
-	return nil
 }
 
 func (m *mux) feedOf(service string) *feed {
@@ -519,11 +584,7 @@ func (f *feed) take(mc *muxConn, r *registryv1.WatchResponse) error {
 		}
 	}
 	if b.Snapshot || len(b.Events) > 0 {
-		// Sent under f.mu: acks of one service go out in order.
-		if err := mc.send(&registryv1.SubscribeRequest{Kind: &registryv1.SubscribeRequest_Ack{
-			Ack: &registryv1.SubscribeAck{Service: f.service, Revision: b.Revision}}}); err != nil {
-			return fmt.Errorf("acknowledge %q at %d: %w", f.service, b.Revision, err)
-		}
+		mc.ack(f, b.Revision)
 	}
 	return nil
 }

@@ -19,6 +19,9 @@ import (
 // decoded instances; a late one starts from the stream's view at once;
 // they acknowledge what they applied.
 func TestOneStreamPerClient(t *testing.T) {
+	if watchPerSubscription {
+		t.Skip("about the Subscribe stream")
+	}
 	m := etcdtest.Start(t, false)
 	direct := m.Client(t)
 	rn := regnodetest.StartExternal(t, m.ClientURL)
@@ -99,6 +102,9 @@ func TestOneStreamPerClient(t *testing.T) {
 // regnode, each from its own resume point (a replay, no reset), and the
 // views never go back.
 func TestStreamMovesEveryService(t *testing.T) {
+	if watchPerSubscription {
+		t.Skip("about the Subscribe stream")
+	}
 	m := etcdtest.Start(t, false)
 	direct := m.Client(t)
 	a := regnodetest.StartExternal(t, m.ClientURL)
@@ -150,6 +156,9 @@ func TestStreamMovesEveryService(t *testing.T) {
 // holds the delete back (while the regnode keeps confirming its view), and
 // its acknowledgement lets Close delete at once.
 func TestCloseWaitsForSubscribersToApplyTheDrain(t *testing.T) {
+	if watchPerSubscription {
+		t.Skip("about the Subscribe stream")
+	}
 	rn := regnodetest.Start(t)
 	c := newClient(t, rn.Addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -172,14 +181,12 @@ func TestCloseWaitsForSubscribersToApplyTheDrain(t *testing.T) {
 	if err := st.Send(&registryv1.SubscribeRequest{Subscriber: "manual", Kind: &registryv1.SubscribeRequest_Add{Add: &registryv1.SubscribeAdd{Service: "orders"}}}); err != nil {
 		t.Fatal(err)
 	}
-	for {
+	for seen := false; !seen; { // o-1 in its view: in the snapshot, or after it (the hub follows etcd a moment behind)
 		m, err := st.Recv()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := m.GetUnit().GetSnapshot(); s != nil && len(s.Instances) == 1 {
-			break
-		}
+		seen = len(m.GetUnit().GetSnapshot().GetInstances()) == 1 || len(m.GetUnit().GetEvents().GetEvents()) == 1
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- reg.Close(ctx) }()
