@@ -88,6 +88,15 @@ type Config struct {
 	// drain and deregister (default DefaultCloseTimeout); a drain grace
 	// longer than it is cut short.
 	CloseTimeout time.Duration
+	// Subscriber names this client to the regnodes (in the answer of a
+	// drain waiting for subscribers); default "<host>/<pid>".
+	Subscriber string
+	// WatchPerSubscription makes every Subscription open a Watch stream
+	// of its own, as the SDK did before the Subscribe stream (for regnodes
+	// that serve no Subscribe). Default: one Subscribe stream per Client
+	// carries every Subscription and resolver, and acknowledges what they
+	// applied.
+	WatchPerSubscription bool
 }
 
 // Policy is the balancing and retry policy of the channels to one
@@ -115,6 +124,9 @@ type Client struct {
 
 	cacheDir    string // Config.CacheDir
 	cacheMaxAge time.Duration
+
+	mux        *mux   // the Subscribe stream (mux.go), nil with WatchPerSubscription
+	subscriber string // Config.Subscriber
 
 	sharedMu sync.Mutex
 	shared   map[string]*shared
@@ -186,7 +198,8 @@ func New(cfg Config) (*Client, error) {
 		addrs = append(addrs, a)
 	}
 	c := &Client{log: cfg.Logger, policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
-		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: maxAge, closeTimeout: closeTimeout}
+		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: maxAge, closeTimeout: closeTimeout,
+		subscriber: subscriberName(cfg.Subscriber)}
 	c.own.init()
 	creds := insecure.NewCredentials()
 	if cfg.TLS != nil {
@@ -225,6 +238,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	c.cc, c.api = cc, registryv1.NewRegistryClient(cc)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if !cfg.WatchPerSubscription {
+		c.mux = newMux(c)
+	}
 	return c, nil
 }
 

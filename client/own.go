@@ -190,6 +190,9 @@ func (c *Client) close() error {
 	for _, s := range subs {
 		<-s.done
 	}
+	if c.mux != nil {
+		c.mux.close() // the one Subscribe stream, now carrying nothing
+	}
 
 	// 4. The connections.
 	close(c.own.refuse)

@@ -15,7 +15,8 @@ import (
 )
 
 // RegisterOptions tune a registration; zero fields take lease.Config's
-// defaults (TTL 10s, renewal every TTL/3, drain grace 2s).
+// defaults (TTL 10s, renewal every TTL/3, drain grace 2s: the longest
+// Close waits for subscribers to apply the drain).
 type RegisterOptions struct {
 	TTL        time.Duration
 	DrainGrace time.Duration
@@ -123,9 +124,10 @@ func closedAs(err error) error {
 	return err
 }
 
-// Close drains, waits the drain grace, then deregisters and revokes the
-// lease. It is idempotent; Client.Close calls it for a Registration still
-// open.
+// Close drains, waits until every live subscriber of the service on every
+// regnode applied the drain (or the drain grace passes, whichever is
+// first), then deregisters and revokes the lease. It is idempotent;
+// Client.Close calls it for a Registration still open.
 func (r *Registration) Close(ctx context.Context) error {
 	err := r.k.Close(ctx)
 	r.b.close()
@@ -142,6 +144,9 @@ type apiBackend struct {
 	stream registryv1.Registry_KeepAliveClient
 	cancel context.CancelFunc
 	secret atomic.Pointer[string] // the registration's, once granted: its drain is the owner's
+
+	drainMu  sync.Mutex
+	drainRev map[string]int64 // service/id: the revision of its last DRAINING write
 }
 
 func (b *apiBackend) Register(ctx context.Context, inst *registryv1.Instance, ttl time.Duration, secret string) (lease.Grant, error) {
@@ -199,7 +204,15 @@ func (b *apiBackend) SetLifecycle(ctx context.Context, service, id string, lc re
 	var err error
 	switch lc {
 	case registryv1.Lifecycle_LIFECYCLE_DRAINING:
-		_, err = b.api.Drain(ctx, &registryv1.DrainRequest{Service: service, Id: id, Reason: reason, Secret: sec})
+		var resp *registryv1.DrainResponse
+		if resp, err = b.api.Drain(ctx, &registryv1.DrainRequest{Service: service, Id: id, Reason: reason, Secret: sec}); err == nil {
+			b.drainMu.Lock()
+			if b.drainRev == nil {
+				b.drainRev = map[string]int64{}
+			}
+			b.drainRev[service+"/"+id] = resp.Revision
+			b.drainMu.Unlock()
+		}
 	case registryv1.Lifecycle_LIFECYCLE_SERVING:
 		_, err = b.api.Undrain(ctx, &registryv1.UndrainRequest{Service: service, Id: id, Secret: sec})
 	default:
@@ -209,6 +222,48 @@ func (b *apiBackend) SetLifecycle(ctx context.Context, service, id string, lc re
 		return fmt.Errorf("set %s/%s to %s: %w", service, id, lc, FromStatus(err))
 	}
 	return nil
+}
+
+// WaitDrained asks the regnodes (WaitApplied) until every live subscriber
+// of service has applied the last drain of service/id, until ctx ends.
+func (b *apiBackend) WaitDrained(ctx context.Context, service, id string) error {
+	b.drainMu.Lock()
+	rev := b.drainRev[service+"/"+id]
+	b.drainMu.Unlock()
+	if rev == 0 {
+		return fmt.Errorf("wait for the drain of %s/%s: no drain written by this registration", service, id)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return fmt.Errorf("wait for the drain of %s/%s: no deadline", service, id)
+	}
+	for {
+		// The regnode answers at the timeout; the call ends with ctx.
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("wait for the drain of %s/%s at revision %d: %w", service, id, rev, context.DeadlineExceeded)
+		}
+		// The regnode answers at its timeout: a little before ours, so
+		// that its answer (who is behind) arrives.
+		resp, err := b.api.WaitApplied(ctx, &registryv1.WaitAppliedRequest{Service: service, Revision: rev, Timeout: durationpb.New(left * 9 / 10)})
+		if err != nil {
+			return fmt.Errorf("wait for the drain of %s/%s at revision %d: %w", service, id, rev, FromStatus(err))
+		}
+		if resp.Done {
+			return nil
+		}
+		if ctx.Err() != nil || time.Until(deadline) < 100*time.Millisecond {
+			return fmt.Errorf("wait for the drain of %s/%s at revision %d: %d of %d live subscribers have not applied it", service, id, rev, resp.Pending, resp.Subscribers)
+		}
+		// A regnode that could not be asked answers at once: ask again
+		// soon, not in a tight loop.
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
 }
 
 func (b *apiBackend) Deregister(ctx context.Context, o lease.Owner) error {

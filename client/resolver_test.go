@@ -283,7 +283,8 @@ func (r *stateRecorder) revisions() []int64 {
 
 func init() { balancer.Register(recorderBuilder{}) }
 
-// watchStreamsEnded is how many Watch streams rn has seen end.
+// watchStreamsEnded is how many subscription streams (Watch or Subscribe)
+// rn has seen end.
 func watchStreamsEnded(t *testing.T, rn *regnodetest.Regnode) int {
 	t.Helper()
 	fams, err := rn.Node.Metrics().Registry.Gather()
@@ -297,7 +298,7 @@ func watchStreamsEnded(t *testing.T, rn *regnodetest.Regnode) int {
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "method" && l.GetValue() == "/registry.v1.Registry/Watch" {
+				if l.GetName() == "method" && (l.GetValue() == "/registry.v1.Registry/Watch" || l.GetValue() == "/registry.v1.Registry/Subscribe") {
 					n += int(m.GetCounter().GetValue())
 				}
 			}

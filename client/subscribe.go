@@ -68,7 +68,8 @@ type Freshness struct {
 	// ConfirmedAt is when a regnode last confirmed Revision (an event,
 	// snapshot or progress message).
 	ConfirmedAt time.Time
-	// Connected is true while a Watch stream is open and has delivered a
+	// Connected is true while the stream (the Client's Subscribe stream,
+	// or the Subscription's Watch stream) is open and has delivered a
 	// message within the receive deadline.
 	Connected bool
 	// FromDisk is true while the view is the last-known-good one loaded
@@ -133,6 +134,13 @@ type Subscription struct {
 // subscription resumes at once from its revision, on whichever regnode
 // answers.
 func (s *Subscription) resync() {
+	if s.c.mux != nil {
+		s.mu.Lock()
+		s.mu.resyncs++
+		s.mu.Unlock()
+		s.c.mux.resync()
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.resyncs++
@@ -186,10 +194,25 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 		s.cancel()
 		return nil, err
 	}
-	if s.disk != nil {
-		s.aux.Add(2) // before run starts: run waits for them, even if ctx already ended
+	if c.mux != nil {
+		// On the Client's one stream (mux.go): no goroutine of its own.
+		if err := c.mux.attach(s); err != nil {
+			s.cancel()
+			c.forgetSubscription(s)
+			return nil, err
+		}
 	}
-	go s.run(ctx) // subscribing starts now, whatever the disk holds
+	if s.disk != nil {
+		s.aux.Add(2) // before anything that waits for them, even if ctx already ended
+	}
+	if c.mux != nil {
+		context.AfterFunc(ctx, func() {
+			c.mux.detach(s)
+			s.stopped()
+		})
+	} else {
+		go s.run(ctx) // subscribing starts now, whatever the disk holds
+	}
 	if s.disk != nil {
 		go func() { defer s.aux.Done(); s.loadDisk() }()
 		go func() { defer s.aux.Done(); s.disk.run(s) }()
@@ -285,16 +308,22 @@ func (s *Subscription) Close() {
 // Done is closed when the subscription has stopped.
 func (s *Subscription) Done() <-chan struct{} { return s.done }
 
-func (s *Subscription) run(ctx context.Context) {
-	defer close(s.done)
-	defer s.c.forgetSubscription(s) // before done: Client.Close waits on done
+// stopped ends a subscription that no longer applies anything: the disk
+// writer's last write, then Done.
+func (s *Subscription) stopped() {
 	if s.disk != nil {
-		defer func() {
-			close(s.disk.stop) // nothing is applied any more: the writer's last write
-			s.aux.Wait()
-			s.c.metrics.DiskCacheReplaced(s.service)
-		}()
+		close(s.disk.stop) // nothing is applied any more: the writer's last write
+		s.aux.Wait()
+		s.c.metrics.DiskCacheReplaced(s.service)
 	}
+	s.c.forgetSubscription(s) // before done: Client.Close waits on done
+	close(s.done)
+}
+
+// run follows the subscription on Watch streams of its own
+// (Config.WatchPerSubscription).
+func (s *Subscription) run(ctx context.Context) {
+	defer s.stopped()
 	for attempt := 0; ; attempt++ {
 		err := s.stream(ctx)
 		if ctx.Err() != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -27,9 +28,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m, etcdtest.LeakOptions()...
 
 var keys = record.NewKeys("")
 
+// watchPerSubscription runs the package's tests over the older path, one
+// Watch stream per Subscription (REGISTRY_TEST_WATCH_PER_SUBSCRIPTION=1),
+// instead of the Client's one Subscribe stream.
+var watchPerSubscription = os.Getenv("REGISTRY_TEST_WATCH_PER_SUBSCRIPTION") != ""
+
 func newClient(t testing.TB, addrs ...string) *client.Client {
 	t.Helper()
-	c, err := client.New(client.Config{Endpoints: addrs})
+	c, err := client.New(client.Config{Endpoints: addrs, WatchPerSubscription: watchPerSubscription})
 	if err != nil {
 		t.Fatal(err)
 	}

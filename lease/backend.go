@@ -51,3 +51,14 @@ type Backend interface {
 	// revokes that lease.
 	Deregister(ctx context.Context, o Owner) error
 }
+
+// DrainWaiter is a Backend that can tell when every live subscriber of a
+// service has applied the last DRAINING it wrote of service/id. Close
+// waits on it instead of sleeping the whole drain grace: the grace then
+// only bounds the wait.
+type DrainWaiter interface {
+	// WaitDrained returns nil once every live subscriber of service has
+	// applied the backend's last DRAINING write of service/id, or an
+	// error when they have not by the time ctx ends, or it cannot tell.
+	WaitDrained(ctx context.Context, service, id string) error
+}

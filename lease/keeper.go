@@ -361,8 +361,9 @@ func (k *Keeper) setLifecycle(ctx context.Context, lc registryv1.Lifecycle, reas
 	return err
 }
 
-// Close drains the instance, waits the drain grace period (or until ctx
-// ends), stops renewing, deletes the record and revokes the lease. It is
+// Close drains the instance, waits until every live subscriber applied
+// the drain (a DrainWaiter backend) or the drain grace period passes,
+// whichever is first (or until ctx ends), stops renewing, deletes the record and revokes the lease. It is
 // idempotent; later calls return the first call's result.
 func (k *Keeper) Close(ctx context.Context) error {
 	k.closeOnce.Do(func() { k.closeErr = k.close(ctx) })
@@ -379,7 +380,7 @@ func (k *Keeper) close(ctx context.Context) error {
 	k.mu.closed = true
 	k.mu.Unlock()
 	if drained {
-		sleep(ctx, k.cfg.DrainGrace)
+		k.waitDrained(ctx)
 	}
 	k.cancel()
 	<-k.done
@@ -399,4 +400,29 @@ func (k *Keeper) close(ctx context.Context) error {
 	k.setStatus(func(s *Status) { s.Registered, s.Closed = false, true })
 	k.log.Info("deregistered", "lease", fmt.Sprintf("%x", st.LeaseID))
 	return nil
+}
+
+// waitDrained waits, at most the drain grace, for the subscribers to see
+// the drain: until the backend says all of them applied it, or the whole
+// grace when it cannot say.
+func (k *Keeper) waitDrained(ctx context.Context) {
+	gctx, cancel := context.WithTimeout(ctx, k.cfg.DrainGrace)
+	defer cancel()
+	if dw, ok := k.backend.(DrainWaiter); ok {
+		k.mu.Lock()
+		service, id := k.mu.inst.Service, k.mu.inst.Id
+		k.mu.Unlock()
+		err := dw.WaitDrained(gctx, service, id)
+		if err == nil {
+			k.log.Info("every live subscriber applied the drain")
+			return
+		}
+		if gctx.Err() != nil {
+			// The grace (or the caller) ended the wait: what the grace is for.
+			k.log.Info("drain grace ended before every subscriber was known to have applied the drain", "err", err)
+			return
+		}
+		k.log.Warn("cannot tell whether every subscriber applied the drain; waiting the rest of the grace", "err", err)
+	}
+	<-gctx.Done()
 }

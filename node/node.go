@@ -469,14 +469,25 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	} else {
 		n.warnAuthOff(ctx)
 	}
-	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
-		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey})
-	if err != nil {
-		return nil, err
-	}
 	if n.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
 	}
+	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
+		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey,
+		Addr: n.Addr(), Peers: n.peers, DialPeer: n.dialPeer})
+	if err != nil {
+		return nil, err
+	}
+	// Announced before Start returns: a WaitApplied anywhere counts this
+	// regnode's subscribers from its first one on (peers.go).
+	sess, err := n.announce(ctx)
+	if err != nil {
+		return nil, err
+	}
+	actx, acancel := context.WithCancel(context.Background())
+	n.wg.Add(2)
+	go n.keepAnnounced(actx, sess)
+	go func() { defer n.wg.Done(); <-n.done; acancel() }()
 	var transport []grpc.ServerOption
 	if serverTLS != nil {
 		n.self = newSelfListener() // the HTTP API's calls: self.go

@@ -104,6 +104,22 @@ func requirement(method string, req any) (token.Method, string, error) {
 			return one(token.UndrainOwn, r.Service)
 		}
 		return one(token.Undrain, r.Service)
+	case *registryv1.SubscribeRequest:
+		// Each message of the stream: adding, removing or acknowledging a
+		// service is following it (read on it; "" is every service); a
+		// message that only names the subscriber needs read on any scope.
+		switch k := r.Kind.(type) {
+		case *registryv1.SubscribeRequest_Add:
+			return token.Watch, k.Add.GetService(), nil
+		case *registryv1.SubscribeRequest_Remove:
+			return token.Watch, k.Remove.GetService(), nil
+		case *registryv1.SubscribeRequest_Ack:
+			return token.Watch, k.Ack.GetService(), nil
+		}
+		return token.Status, "", nil
+	case *registryv1.WaitAppliedRequest:
+		// Who follows a service, and how far: read on it.
+		return one(token.Get, r.Service)
 	case *registryv1.CreateTokenRequest:
 		return token.CreateToken, "", nil
 	case *registryv1.ListTokensRequest:

@@ -70,6 +70,15 @@ type Config struct {
 	// LimitKey names the caller whose buckets of Limits a call takes
 	// from (default peerlimit.Peer; with tokens, TokenLimitKey).
 	LimitKey func(context.Context) string
+	// Addr is this regnode's API address, reported by WaitApplied.
+	Addr string
+	// Peers, if set, lists every regnode of the cluster (this one may be
+	// among them): WaitApplied asks each for its subscribers. Nil: a
+	// WaitApplied counts this regnode's only.
+	Peers func(context.Context) ([]Peer, error)
+	// DialPeer connects to another regnode's API at addr; close releases
+	// the connection.
+	DialPeer func(addr string) (cli registryv1.RegistryClient, close func(), err error)
 }
 
 // LoopbackOperator allows operator calls from this regnode's own host (a
@@ -96,6 +105,8 @@ type Server struct {
 	st  *store.Store
 	m   *metrics.Metrics
 	log *slog.Logger
+	// subs are the live subscribers of the Subscribe streams (subscribe.go).
+	subs subscribers
 }
 
 // New returns a Server; it fails if a required field is missing.

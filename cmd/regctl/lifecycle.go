@@ -3,36 +3,88 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/internal/view"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
 func newDrainCmd(o *options) *cobra.Command {
-	var reason string
+	var (
+		reason string
+		wait   bool
+	)
 	cmd := &cobra.Command{
 		Use:   "drain SERVICE/ID",
 		Short: "Mark an instance DRAINING: callers send it no new requests",
 		Long: `Mark an instance DRAINING: it stays registered, but callers send it no new
 requests until it is undrained. Prints the instance's new lifecycle; -o json
-prints the instance.`,
-		Example: `  regctl drain orders/orders-7f9c --reason "kernel upgrade"`,
-		Args:    nArgs(1, 1, "one argument (SERVICE/ID)"),
+prints the instance.
+
+--wait then waits, up to --timeout, until every live subscriber of the
+service on every regnode has applied the drain: every SDK client (regctl
+watch included) acknowledges on its Subscribe stream what it applied; a
+raw Watch stream acknowledges nothing and is not counted. At the timeout
+it says how many have not, on which regnodes, and exits 1.`,
+		Example: `  regctl drain orders/orders-7f9c --reason "kernel upgrade"
+  regctl drain orders/orders-7f9c --wait --timeout 30s`,
+		Args: nArgs(1, 1, "one argument (SERVICE/ID)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			service, id, err := parseServiceID(args[0])
 			if err != nil {
 				return err
 			}
+			var then func(context.Context, registryv1.RegistryClient, int64) error
+			if wait {
+				then = func(ctx context.Context, api registryv1.RegistryClient, rev int64) error {
+					return waitApplied(ctx, o, api, service, rev)
+				}
+			}
 			return setLifecycle(cmd, o, service, id, func(ctx context.Context, api registryv1.RegistryClient) (*registryv1.Instance, int64, error) {
 				resp, err := api.Drain(ctx, &registryv1.DrainRequest{Service: service, Id: id, Reason: reason})
 				return resp.GetInstance(), resp.GetRevision(), err
-			})
+			}, then)
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why the instance is drained (shown by get and list -o wide)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait, up to --timeout, until every live subscriber applied the drain")
 	return cmd
+}
+
+// waitApplied waits up to --timeout for every live subscriber of service
+// to apply rev, and says on stderr who has not.
+func waitApplied(ctx context.Context, o *options, api registryv1.RegistryClient, service string, rev int64) error {
+	// The regnode answers at the timeout; the call gets a margin over it.
+	cctx, cancel := context.WithTimeout(ctx, o.timeout+defaultTimeout)
+	defer cancel()
+	resp, err := api.WaitApplied(cctx, &registryv1.WaitAppliedRequest{Service: service, Revision: rev, Timeout: durationpb.New(o.timeout)})
+	if err != nil {
+		return fmt.Errorf("wait for the subscribers of %s to apply revision %d: %w", service, rev, err)
+	}
+	if resp.Done {
+		if !o.json() {
+			_, err = fmt.Fprintf(o.stdout, "applied by all %d live subscribers on %d regnodes\n", resp.Subscribers, len(resp.Nodes))
+		}
+		return err
+	}
+	var parts []string
+	for _, n := range resp.Nodes {
+		switch {
+		case n.Error != "":
+			parts = append(parts, fmt.Sprintf("regnode %s (%s) not asked: %s", n.Node, n.Address, n.Error))
+		case n.Pending > 0:
+			var names []string
+			for _, l := range n.Laggards {
+				names = append(names, fmt.Sprintf("%s (%s, at revision %d)", l.Subscriber, l.Peer, l.Revision))
+			}
+			parts = append(parts, fmt.Sprintf("regnode %s (%s): %d of %d: %s", n.Node, n.Address, n.Pending, n.Subscribers, strings.Join(names, ", ")))
+		}
+	}
+	return fmt.Errorf("%d of %d live subscribers of %s have not applied revision %d after %s; %s",
+		resp.Pending, resp.Subscribers, service, rev, o.timeout, strings.Join(parts, "; "))
 }
 
 func newUndrainCmd(o *options) *cobra.Command {
@@ -50,14 +102,16 @@ lifecycle; -o json prints the instance.`,
 			return setLifecycle(cmd, o, service, id, func(ctx context.Context, api registryv1.RegistryClient) (*registryv1.Instance, int64, error) {
 				resp, err := api.Undrain(ctx, &registryv1.UndrainRequest{Service: service, Id: id})
 				return resp.GetInstance(), resp.GetRevision(), err
-			})
+			}, nil)
 		},
 	}
 }
 
 // setLifecycle runs a Drain or Undrain call, bounded by --timeout, and
-// prints the result.
-func setLifecycle(cmd *cobra.Command, o *options, service, id string, call func(context.Context, registryv1.RegistryClient) (*registryv1.Instance, int64, error)) error {
+// prints the result; then, if set, runs after the print with the
+// revision of the write.
+func setLifecycle(cmd *cobra.Command, o *options, service, id string, call func(context.Context, registryv1.RegistryClient) (*registryv1.Instance, int64, error),
+	then func(context.Context, registryv1.RegistryClient, int64) error) error {
 	c, err := o.connect(nil)
 	if err != nil {
 		return err
@@ -71,10 +125,14 @@ func setLifecycle(cmd *cobra.Command, o *options, service, id string, call func(
 	}
 	v := view.NewInstance(inst)
 	if o.json() {
-		return o.printJSON(v)
+		err = o.printJSON(v)
+	} else {
+		_, err = fmt.Fprintf(o.stdout, "%s/%s %s (revision %d)\n", service, id, v.Lifecycle, rev)
 	}
-	_, err = fmt.Fprintf(o.stdout, "%s/%s %s (revision %d)\n", service, id, v.Lifecycle, rev)
-	return err
+	if err != nil || then == nil {
+		return err
+	}
+	return then(cmd.Context(), c.API(), rev)
 }
 
 // deregistered is what `deregister -o json` prints.

@@ -690,10 +690,24 @@ func TestRegister(t *testing.T) {
 		}
 	}
 
+	// A live subscriber that never acknowledges the drain: the grace is
+	// what ends the wait for it.
+	sctx, stopSub := context.WithCancel(context.Background())
+	defer stopSub()
+	silent, err := apiClient(t, rn.Addr).Subscribe(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := silent.Send(&registryv1.SubscribeRequest{Kind: &registryv1.SubscribeRequest_Add{Add: &registryv1.SubscribeAdd{Service: "web"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := silent.Recv(); err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
-	if l, want := out.next(t, 30*time.Second), "draining web/w-1 for 1h0m0s, then deregistering"; l != want {
+	if l, want := out.next(t, 30*time.Second), "draining web/w-1 until every subscriber applied it (at most 1h0m0s), then deregistering"; l != want {
 		t.Fatalf("after the first signal %q, want %q", l, want)
 	}
 	// DRAINING lands in etcd, and the grace holds the delete back: the
@@ -722,7 +736,7 @@ func TestRegister(t *testing.T) {
 		t.Fatal(err)
 	}
 	rest := out.rest(t, 30*time.Second)
-	err := cmd.Wait()
+	err = cmd.Wait()
 	exited = true
 	if err != nil {
 		t.Fatalf("register exited with %v; stdout %q; stderr %q", err, rest, stderr.String())

@@ -38,8 +38,9 @@ func newRegisterCmd(o *options) *cobra.Command {
 		Short: "Register an instance and keep it registered until interrupted",
 		Long: `Register an instance and keep it registered in the foreground: the lease is
 renewed, and the instance registered again if its lease is lost. On SIGINT
-or SIGTERM it drains (lifecycle DRAINING), waits --drain-grace so that
-subscribers see it, deregisters and exits 0. A second signal skips the rest
+or SIGTERM it drains (lifecycle DRAINING), waits until every live
+subscriber of the service has applied the drain (at most --drain-grace),
+deregisters and exits 0. A second signal skips the rest
 of the grace period; a third exits at once, leaving the instance to expire
 with its lease.
 
@@ -74,7 +75,7 @@ registered (with -o json, one JSON object per event).
 	fl.DurationVar(&f.checkInterval, "check-interval", 0, "how often the prober checks (default: the prober's)")
 	fl.DurationVar(&f.checkTimeout, "check-timeout", 0, "how long one check may take (default: the prober's)")
 	fl.DurationVar(&f.ttl, "ttl", record.DefaultTTL, "lease TTL, 2s..1h: how long the instance outlives this process if it dies")
-	fl.DurationVar(&f.drainGrace, "drain-grace", 2*time.Second, "how long to stay DRAINING before deregistering")
+	fl.DurationVar(&f.drainGrace, "drain-grace", 2*time.Second, "the longest to stay DRAINING, waiting for subscribers to apply it, before deregistering")
 	return cmd
 }
 
@@ -281,7 +282,7 @@ func runRegister(ctx context.Context, o *options, inst *registryv1.Instance, ttl
 	<-untilSignal.Done()
 	closing.Store(true)
 
-	p.print(ev("draining", reg.Status().LeaseID), fmt.Sprintf("draining %s for %s, then deregistering", name, drainGrace))
+	p.print(ev("draining", reg.Status().LeaseID), fmt.Sprintf("draining %s until every subscriber applied it (at most %s), then deregistering", name, drainGrace))
 	closeCtx, cancelClose := cancelOn(context.Background(), sigs.second)
 	defer cancelClose()
 	closeCtx, cancelTimeout := context.WithTimeout(closeCtx, drainGrace+o.timeout)

@@ -342,7 +342,7 @@ func (x TokenScope_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TokenScope_Kind.Descriptor instead.
 func (TokenScope_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27, 0}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37, 0}
 }
 
 // HealthCheck is the per-instance check spec. Zero fields take the
@@ -2390,6 +2390,701 @@ func (x *StatusResponse) GetEpoch() string {
 	return ""
 }
 
+// SubscribeRequest is one message of a client on a Subscribe stream.
+type SubscribeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*SubscribeRequest_Add
+	//	*SubscribeRequest_Remove
+	//	*SubscribeRequest_Ack
+	Kind isSubscribeRequest_Kind `protobuf_oneof:"kind"`
+	// subscriber names the client (e.g. host/pid) in drain reports; read
+	// from any message that sets it, usually the first.
+	Subscriber    string `protobuf:"bytes,10,opt,name=subscriber,proto3" json:"subscriber,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRequest) Reset() {
+	*x = SubscribeRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRequest) ProtoMessage() {}
+
+func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
+func (*SubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SubscribeRequest) GetKind() isSubscribeRequest_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetAdd() *SubscribeAdd {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Add); ok {
+			return x.Add
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetRemove() *SubscribeRemove {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Remove); ok {
+			return x.Remove
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetAck() *SubscribeAck {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Ack); ok {
+			return x.Ack
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetSubscriber() string {
+	if x != nil {
+		return x.Subscriber
+	}
+	return ""
+}
+
+type isSubscribeRequest_Kind interface {
+	isSubscribeRequest_Kind()
+}
+
+type SubscribeRequest_Add struct {
+	Add *SubscribeAdd `protobuf:"bytes,1,opt,name=add,proto3,oneof"`
+}
+
+type SubscribeRequest_Remove struct {
+	Remove *SubscribeRemove `protobuf:"bytes,2,opt,name=remove,proto3,oneof"`
+}
+
+type SubscribeRequest_Ack struct {
+	Ack *SubscribeAck `protobuf:"bytes,3,opt,name=ack,proto3,oneof"`
+}
+
+func (*SubscribeRequest_Add) isSubscribeRequest_Kind() {}
+
+func (*SubscribeRequest_Remove) isSubscribeRequest_Kind() {}
+
+func (*SubscribeRequest_Ack) isSubscribeRequest_Kind() {}
+
+// SubscribeAdd starts following service ("" for every service) on the
+// stream, with the resume point of WatchRequest: everything up to
+// from_revision of epoch has been applied (0: nothing, a snapshot first).
+// Adding a service already followed restarts it from this point.
+type SubscribeAdd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	FromRevision  int64                  `protobuf:"varint,2,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"`
+	Epoch         string                 `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeAdd) Reset() {
+	*x = SubscribeAdd{}
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeAdd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeAdd) ProtoMessage() {}
+
+func (x *SubscribeAdd) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeAdd.ProtoReflect.Descriptor instead.
+func (*SubscribeAdd) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SubscribeAdd) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SubscribeAdd) GetFromRevision() int64 {
+	if x != nil {
+		return x.FromRevision
+	}
+	return 0
+}
+
+func (x *SubscribeAdd) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+// SubscribeRemove stops following service; the server sends nothing more
+// of it (units already in flight may still arrive).
+type SubscribeRemove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRemove) Reset() {
+	*x = SubscribeRemove{}
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRemove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRemove) ProtoMessage() {}
+
+func (x *SubscribeRemove) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRemove.ProtoReflect.Descriptor instead.
+func (*SubscribeRemove) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SubscribeRemove) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+// SubscribeAck says the client has applied every unit of service up to
+// revision (of the epoch of the units it applied). A drain waits on acks.
+type SubscribeAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeAck) Reset() {
+	*x = SubscribeAck{}
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeAck) ProtoMessage() {}
+
+func (x *SubscribeAck) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeAck.ProtoReflect.Descriptor instead.
+func (*SubscribeAck) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SubscribeAck) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SubscribeAck) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// SubscribeError ends the subscription of one service, not the stream:
+// code and message are a gRPC status's (e.g. OUT_OF_RANGE with reason
+// REVISION_AHEAD, the ErrorInfo reason of the same error on Watch).
+type SubscribeError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          int32                  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Metadata      map[string]string      `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeError) Reset() {
+	*x = SubscribeError{}
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeError) ProtoMessage() {}
+
+func (x *SubscribeError) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeError.ProtoReflect.Descriptor instead.
+func (*SubscribeError) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SubscribeError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *SubscribeError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SubscribeError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SubscribeError) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+// SubscribeResponse is one message of the server on a Subscribe stream:
+// one chunk of a unit of service, exactly as Watch would send it, or the
+// end of that service's subscription. Field order is wire order: a server
+// may send a WatchResponse encoded once for many streams as field 2.
+type SubscribeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Unit          *WatchResponse         `protobuf:"bytes,2,opt,name=unit,proto3" json:"unit,omitempty"`
+	Error         *SubscribeError        `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeResponse) Reset() {
+	*x = SubscribeResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeResponse) ProtoMessage() {}
+
+func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
+func (*SubscribeResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *SubscribeResponse) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SubscribeResponse) GetUnit() *WatchResponse {
+	if x != nil {
+		return x.Unit
+	}
+	return nil
+}
+
+func (x *SubscribeResponse) GetError() *SubscribeError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// WaitAppliedRequest asks until when every live subscriber of service
+// (those of every service included) has acknowledged revision.
+type WaitAppliedRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Service  string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Revision int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// timeout bounds the wait (0: answer at once with who has not).
+	Timeout *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// local: count only this regnode's subscribers (what one regnode asks
+	// another); otherwise every regnode announced under <prefix>nodes/.
+	Local         bool `protobuf:"varint,4,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitAppliedRequest) Reset() {
+	*x = WaitAppliedRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitAppliedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitAppliedRequest) ProtoMessage() {}
+
+func (x *WaitAppliedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitAppliedRequest.ProtoReflect.Descriptor instead.
+func (*WaitAppliedRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *WaitAppliedRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *WaitAppliedRequest) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *WaitAppliedRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *WaitAppliedRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+// Laggard is one live subscriber that has not applied the revision.
+type Laggard struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Subscriber    string                 `protobuf:"bytes,1,opt,name=subscriber,proto3" json:"subscriber,omitempty"` // as the client named itself
+	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`             // its address as the regnode sees it
+	Revision      int64                  `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`    // the revision it acknowledged last
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Laggard) Reset() {
+	*x = Laggard{}
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Laggard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Laggard) ProtoMessage() {}
+
+func (x *Laggard) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Laggard.ProtoReflect.Descriptor instead.
+func (*Laggard) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *Laggard) GetSubscriber() string {
+	if x != nil {
+		return x.Subscriber
+	}
+	return ""
+}
+
+func (x *Laggard) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *Laggard) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// NodeApplied is one regnode's part of a WaitApplied answer.
+type NodeApplied struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Subscribers   int64                  `protobuf:"varint,3,opt,name=subscribers,proto3" json:"subscribers,omitempty"` // live subscribers of the service
+	Pending       int64                  `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"`         // of those, how many have not applied it
+	Laggards      []*Laggard             `protobuf:"bytes,5,rep,name=laggards,proto3" json:"laggards,omitempty"`
+	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"` // the regnode could not be asked: its count is unknown
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeApplied) Reset() {
+	*x = NodeApplied{}
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeApplied) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeApplied) ProtoMessage() {}
+
+func (x *NodeApplied) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeApplied.ProtoReflect.Descriptor instead.
+func (*NodeApplied) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *NodeApplied) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeApplied) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeApplied) GetSubscribers() int64 {
+	if x != nil {
+		return x.Subscribers
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetPending() int64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetLaggards() []*Laggard {
+	if x != nil {
+		return x.Laggards
+	}
+	return nil
+}
+
+func (x *NodeApplied) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type WaitAppliedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Done          bool                   `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"` // every live subscriber of every regnode applied it
+	Subscribers   int64                  `protobuf:"varint,2,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
+	Pending       int64                  `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
+	Nodes         []*NodeApplied         `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitAppliedResponse) Reset() {
+	*x = WaitAppliedResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitAppliedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitAppliedResponse) ProtoMessage() {}
+
+func (x *WaitAppliedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitAppliedResponse.ProtoReflect.Descriptor instead.
+func (*WaitAppliedResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *WaitAppliedResponse) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *WaitAppliedResponse) GetSubscribers() int64 {
+	if x != nil {
+		return x.Subscribers
+	}
+	return 0
+}
+
+func (x *WaitAppliedResponse) GetPending() int64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *WaitAppliedResponse) GetNodes() []*NodeApplied {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 // TokenScope is what a token's role applies to: one service, every
 // service whose name starts with a prefix, or all services.
 type TokenScope struct {
@@ -2402,7 +3097,7 @@ type TokenScope struct {
 
 func (x *TokenScope) Reset() {
 	*x = TokenScope{}
-	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_registry_v1_registry_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2414,7 +3109,7 @@ func (x *TokenScope) String() string {
 func (*TokenScope) ProtoMessage() {}
 
 func (x *TokenScope) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_registry_v1_registry_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2427,7 +3122,7 @@ func (x *TokenScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenScope.ProtoReflect.Descriptor instead.
 func (*TokenScope) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TokenScope) GetKind() TokenScope_Kind {
@@ -2460,7 +3155,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2472,7 +3167,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2485,7 +3180,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TokenInfo) GetName() string {
@@ -2549,7 +3244,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +3256,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +3269,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateTokenRequest) GetName() string {
@@ -2615,7 +3310,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2627,7 +3322,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2640,7 +3335,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -2665,7 +3360,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2677,7 +3372,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2690,7 +3385,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{31}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
 }
 
 type ListTokensResponse struct {
@@ -2702,7 +3397,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2714,7 +3409,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2727,7 +3422,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{32}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -2746,7 +3441,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2758,7 +3453,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2771,7 +3466,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RevokeTokenRequest) GetName() string {
@@ -2790,7 +3485,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2802,7 +3497,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2815,7 +3510,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RevokeTokenResponse) GetRevision() int64 {
@@ -3000,7 +3695,60 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\fetcd_version\x18\n" +
 	" \x01(\tR\vetcdVersion\x12\x18\n" +
 	"\aversion\x18\v \x01(\tR\aversion\x12\x14\n" +
-	"\x05epoch\x18\f \x01(\tR\x05epoch\"\xa3\x01\n" +
+	"\x05epoch\x18\f \x01(\tR\x05epoch\"\xd0\x01\n" +
+	"\x10SubscribeRequest\x12-\n" +
+	"\x03add\x18\x01 \x01(\v2\x19.registry.v1.SubscribeAddH\x00R\x03add\x126\n" +
+	"\x06remove\x18\x02 \x01(\v2\x1c.registry.v1.SubscribeRemoveH\x00R\x06remove\x12-\n" +
+	"\x03ack\x18\x03 \x01(\v2\x19.registry.v1.SubscribeAckH\x00R\x03ack\x12\x1e\n" +
+	"\n" +
+	"subscriber\x18\n" +
+	" \x01(\tR\n" +
+	"subscriberB\x06\n" +
+	"\x04kind\"c\n" +
+	"\fSubscribeAdd\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12#\n" +
+	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\tR\x05epoch\"+\n" +
+	"\x0fSubscribeRemove\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\"D\n" +
+	"\fSubscribeAck\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\xda\x01\n" +
+	"\x0eSubscribeError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12E\n" +
+	"\bmetadata\x18\x04 \x03(\v2).registry.v1.SubscribeError.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x11SubscribeResponse\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12.\n" +
+	"\x04unit\x18\x02 \x01(\v2\x1a.registry.v1.WatchResponseR\x04unit\x121\n" +
+	"\x05error\x18\x03 \x01(\v2\x1b.registry.v1.SubscribeErrorR\x05error\"\x95\x01\n" +
+	"\x12WaitAppliedRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x123\n" +
+	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x14\n" +
+	"\x05local\x18\x04 \x01(\bR\x05local\"Y\n" +
+	"\aLaggard\x12\x1e\n" +
+	"\n" +
+	"subscriber\x18\x01 \x01(\tR\n" +
+	"subscriber\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"\xbf\x01\n" +
+	"\vNodeApplied\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12 \n" +
+	"\vsubscribers\x18\x03 \x01(\x03R\vsubscribers\x12\x18\n" +
+	"\apending\x18\x04 \x01(\x03R\apending\x120\n" +
+	"\blaggards\x18\x05 \x03(\v2\x14.registry.v1.LaggardR\blaggards\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\x95\x01\n" +
+	"\x13WaitAppliedResponse\x12\x12\n" +
+	"\x04done\x18\x01 \x01(\bR\x04done\x12 \n" +
+	"\vsubscribers\x18\x02 \x01(\x03R\vsubscribers\x12\x18\n" +
+	"\apending\x18\x03 \x01(\x03R\apending\x12.\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x18.registry.v1.NodeAppliedR\x05nodes\"\xa3\x01\n" +
 	"\n" +
 	"TokenScope\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.registry.v1.TokenScope.KindR\x04kind\x12\x14\n" +
@@ -3054,7 +3802,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fTOKEN_ROLE_READ\x10\x01\x12\x17\n" +
 	"\x13TOKEN_ROLE_REGISTER\x10\x02\x12\x16\n" +
 	"\x12TOKEN_ROLE_OPERATE\x10\x03\x12\x14\n" +
-	"\x10TOKEN_ROLE_ADMIN\x10\x042\xf4\x04\n" +
+	"\x10TOKEN_ROLE_ADMIN\x10\x042\x96\x06\n" +
 	"\bRegistry\x12G\n" +
 	"\bRegister\x12\x1c.registry.v1.RegisterRequest\x1a\x1d.registry.v1.RegisterResponse\x12N\n" +
 	"\tKeepAlive\x12\x1d.registry.v1.KeepAliveRequest\x1a\x1e.registry.v1.KeepAliveResponse(\x010\x01\x12M\n" +
@@ -3065,7 +3813,9 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x03Get\x12\x17.registry.v1.GetRequest\x1a\x18.registry.v1.GetResponse\x12;\n" +
 	"\x04List\x12\x18.registry.v1.ListRequest\x1a\x19.registry.v1.ListResponse\x12@\n" +
 	"\x05Watch\x12\x19.registry.v1.WatchRequest\x1a\x1a.registry.v1.WatchResponse0\x01\x12A\n" +
-	"\x06Status\x12\x1a.registry.v1.StatusRequest\x1a\x1b.registry.v1.StatusResponse2\xfb\x01\n" +
+	"\x06Status\x12\x1a.registry.v1.StatusRequest\x1a\x1b.registry.v1.StatusResponse\x12N\n" +
+	"\tSubscribe\x12\x1d.registry.v1.SubscribeRequest\x1a\x1e.registry.v1.SubscribeResponse(\x010\x01\x12P\n" +
+	"\vWaitApplied\x12\x1f.registry.v1.WaitAppliedRequest\x1a .registry.v1.WaitAppliedResponse2\xfb\x01\n" +
 	"\x06Tokens\x12P\n" +
 	"\vCreateToken\x12\x1f.registry.v1.CreateTokenRequest\x1a .registry.v1.CreateTokenResponse\x12M\n" +
 	"\n" +
@@ -3085,7 +3835,7 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Lifecycle)(0),                // 0: registry.v1.Lifecycle
 	(HealthState)(0),              // 1: registry.v1.HealthState
@@ -3120,34 +3870,45 @@ var file_registry_v1_registry_proto_goTypes = []any{
 	(*Member)(nil),                // 30: registry.v1.Member
 	(*InstanceCounts)(nil),        // 31: registry.v1.InstanceCounts
 	(*StatusResponse)(nil),        // 32: registry.v1.StatusResponse
-	(*TokenScope)(nil),            // 33: registry.v1.TokenScope
-	(*TokenInfo)(nil),             // 34: registry.v1.TokenInfo
-	(*CreateTokenRequest)(nil),    // 35: registry.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 36: registry.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 37: registry.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 38: registry.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),    // 39: registry.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),   // 40: registry.v1.RevokeTokenResponse
-	nil,                           // 41: registry.v1.Instance.MetadataEntry
-	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
+	(*SubscribeRequest)(nil),      // 33: registry.v1.SubscribeRequest
+	(*SubscribeAdd)(nil),          // 34: registry.v1.SubscribeAdd
+	(*SubscribeRemove)(nil),       // 35: registry.v1.SubscribeRemove
+	(*SubscribeAck)(nil),          // 36: registry.v1.SubscribeAck
+	(*SubscribeError)(nil),        // 37: registry.v1.SubscribeError
+	(*SubscribeResponse)(nil),     // 38: registry.v1.SubscribeResponse
+	(*WaitAppliedRequest)(nil),    // 39: registry.v1.WaitAppliedRequest
+	(*Laggard)(nil),               // 40: registry.v1.Laggard
+	(*NodeApplied)(nil),           // 41: registry.v1.NodeApplied
+	(*WaitAppliedResponse)(nil),   // 42: registry.v1.WaitAppliedResponse
+	(*TokenScope)(nil),            // 43: registry.v1.TokenScope
+	(*TokenInfo)(nil),             // 44: registry.v1.TokenInfo
+	(*CreateTokenRequest)(nil),    // 45: registry.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 46: registry.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),     // 47: registry.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 48: registry.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),    // 49: registry.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),   // 50: registry.v1.RevokeTokenResponse
+	nil,                           // 51: registry.v1.Instance.MetadataEntry
+	nil,                           // 52: registry.v1.SubscribeError.MetadataEntry
+	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	2,  // 0: registry.v1.HealthCheck.kind:type_name -> registry.v1.CheckKind
-	42, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	42, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
-	42, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
+	53, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	53, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	53, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
 	1,  // 4: registry.v1.Health.state:type_name -> registry.v1.HealthState
-	43, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
-	42, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
-	41, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
+	54, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
+	53, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
+	51, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
 	6,  // 8: registry.v1.Instance.check:type_name -> registry.v1.HealthCheck
 	0,  // 9: registry.v1.Instance.lifecycle:type_name -> registry.v1.Lifecycle
 	7,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
-	43, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	43, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
+	54, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	54, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
 	8,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
-	42, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
+	53, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
 	8,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
 	8,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
 	8,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
@@ -3162,46 +3923,59 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	27, // 26: registry.v1.WatchResponse.progress:type_name -> registry.v1.Progress
 	30, // 27: registry.v1.StatusResponse.members:type_name -> registry.v1.Member
 	31, // 28: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
-	5,  // 29: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
-	3,  // 30: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
-	33, // 31: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
-	43, // 32: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	43, // 33: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	43, // 34: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
-	3,  // 35: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
-	33, // 36: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
-	42, // 37: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	34, // 38: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
-	34, // 39: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
-	9,  // 40: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	11, // 41: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	13, // 42: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	15, // 43: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	17, // 44: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	19, // 45: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	21, // 46: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	23, // 47: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	29, // 48: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	35, // 49: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
-	37, // 50: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
-	39, // 51: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
-	10, // 52: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	12, // 53: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	14, // 54: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	16, // 55: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	18, // 56: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	20, // 57: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	22, // 58: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	28, // 59: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	32, // 60: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	36, // 61: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
-	38, // 62: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
-	40, // 63: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
-	52, // [52:64] is the sub-list for method output_type
-	40, // [40:52] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	34, // 29: registry.v1.SubscribeRequest.add:type_name -> registry.v1.SubscribeAdd
+	35, // 30: registry.v1.SubscribeRequest.remove:type_name -> registry.v1.SubscribeRemove
+	36, // 31: registry.v1.SubscribeRequest.ack:type_name -> registry.v1.SubscribeAck
+	52, // 32: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
+	28, // 33: registry.v1.SubscribeResponse.unit:type_name -> registry.v1.WatchResponse
+	37, // 34: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
+	53, // 35: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 36: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
+	41, // 37: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
+	5,  // 38: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
+	3,  // 39: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
+	43, // 40: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
+	54, // 41: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	54, // 42: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	54, // 43: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
+	3,  // 44: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
+	43, // 45: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
+	53, // 46: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 47: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
+	44, // 48: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
+	9,  // 49: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	11, // 50: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	13, // 51: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	15, // 52: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	17, // 53: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	19, // 54: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	21, // 55: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	23, // 56: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	29, // 57: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	33, // 58: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
+	39, // 59: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
+	45, // 60: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
+	47, // 61: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
+	49, // 62: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
+	10, // 63: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	12, // 64: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	14, // 65: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	16, // 66: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	18, // 67: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	20, // 68: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	22, // 69: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	28, // 70: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	32, // 71: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	38, // 72: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
+	42, // 73: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
+	46, // 74: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
+	48, // 75: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
+	50, // 76: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
+	63, // [63:77] is the sub-list for method output_type
+	49, // [49:63] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -3214,13 +3988,18 @@ func file_registry_v1_registry_proto_init() {
 		(*WatchResponse_Events)(nil),
 		(*WatchResponse_Progress)(nil),
 	}
+	file_registry_v1_registry_proto_msgTypes[27].OneofWrappers = []any{
+		(*SubscribeRequest_Add)(nil),
+		(*SubscribeRequest_Remove)(nil),
+		(*SubscribeRequest_Ack)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   36,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

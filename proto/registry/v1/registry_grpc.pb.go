@@ -22,15 +22,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Registry_Register_FullMethodName   = "/registry.v1.Registry/Register"
-	Registry_KeepAlive_FullMethodName  = "/registry.v1.Registry/KeepAlive"
-	Registry_Deregister_FullMethodName = "/registry.v1.Registry/Deregister"
-	Registry_Drain_FullMethodName      = "/registry.v1.Registry/Drain"
-	Registry_Undrain_FullMethodName    = "/registry.v1.Registry/Undrain"
-	Registry_Get_FullMethodName        = "/registry.v1.Registry/Get"
-	Registry_List_FullMethodName       = "/registry.v1.Registry/List"
-	Registry_Watch_FullMethodName      = "/registry.v1.Registry/Watch"
-	Registry_Status_FullMethodName     = "/registry.v1.Registry/Status"
+	Registry_Register_FullMethodName    = "/registry.v1.Registry/Register"
+	Registry_KeepAlive_FullMethodName   = "/registry.v1.Registry/KeepAlive"
+	Registry_Deregister_FullMethodName  = "/registry.v1.Registry/Deregister"
+	Registry_Drain_FullMethodName       = "/registry.v1.Registry/Drain"
+	Registry_Undrain_FullMethodName     = "/registry.v1.Registry/Undrain"
+	Registry_Get_FullMethodName         = "/registry.v1.Registry/Get"
+	Registry_List_FullMethodName        = "/registry.v1.Registry/List"
+	Registry_Watch_FullMethodName       = "/registry.v1.Registry/Watch"
+	Registry_Status_FullMethodName      = "/registry.v1.Registry/Status"
+	Registry_Subscribe_FullMethodName   = "/registry.v1.Registry/Subscribe"
+	Registry_WaitApplied_FullMethodName = "/registry.v1.Registry/WaitApplied"
 )
 
 // RegistryClient is the client API for Registry service.
@@ -48,6 +50,12 @@ type RegistryClient interface {
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Subscribe carries every service a client follows on one stream, each
+	// with its own resume point; see SubscribeRequest and SubscribeResponse.
+	Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, SubscribeResponse], error)
+	// WaitApplied returns once every live subscriber of a service has
+	// acknowledged a revision, or at the timeout with who has not.
+	WaitApplied(ctx context.Context, in *WaitAppliedRequest, opts ...grpc.CallOption) (*WaitAppliedResponse, error)
 }
 
 type registryClient struct {
@@ -160,6 +168,29 @@ func (c *registryClient) Status(ctx context.Context, in *StatusRequest, opts ...
 	return out, nil
 }
 
+func (c *registryClient) Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, SubscribeResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Registry_ServiceDesc.Streams[2], Registry_Subscribe_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SubscribeRequest, SubscribeResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Registry_SubscribeClient = grpc.BidiStreamingClient[SubscribeRequest, SubscribeResponse]
+
+func (c *registryClient) WaitApplied(ctx context.Context, in *WaitAppliedRequest, opts ...grpc.CallOption) (*WaitAppliedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WaitAppliedResponse)
+	err := c.cc.Invoke(ctx, Registry_WaitApplied_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServer is the server API for Registry service.
 // All implementations must embed UnimplementedRegistryServer
 // for forward compatibility.
@@ -175,6 +206,12 @@ type RegistryServer interface {
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Subscribe carries every service a client follows on one stream, each
+	// with its own resume point; see SubscribeRequest and SubscribeResponse.
+	Subscribe(grpc.BidiStreamingServer[SubscribeRequest, SubscribeResponse]) error
+	// WaitApplied returns once every live subscriber of a service has
+	// acknowledged a revision, or at the timeout with who has not.
+	WaitApplied(context.Context, *WaitAppliedRequest) (*WaitAppliedResponse, error)
 	mustEmbedUnimplementedRegistryServer()
 }
 
@@ -211,6 +248,12 @@ func (UnimplementedRegistryServer) Watch(*WatchRequest, grpc.ServerStreamingServ
 }
 func (UnimplementedRegistryServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedRegistryServer) Subscribe(grpc.BidiStreamingServer[SubscribeRequest, SubscribeResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedRegistryServer) WaitApplied(context.Context, *WaitAppliedRequest) (*WaitAppliedResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method WaitApplied not implemented")
 }
 func (UnimplementedRegistryServer) mustEmbedUnimplementedRegistryServer() {}
 func (UnimplementedRegistryServer) testEmbeddedByValue()                  {}
@@ -377,6 +420,31 @@ func _Registry_Status_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Registry_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(RegistryServer).Subscribe(&grpc.GenericServerStream[SubscribeRequest, SubscribeResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Registry_SubscribeServer = grpc.BidiStreamingServer[SubscribeRequest, SubscribeResponse]
+
+func _Registry_WaitApplied_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitAppliedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServer).WaitApplied(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registry_WaitApplied_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServer).WaitApplied(ctx, req.(*WaitAppliedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Registry_ServiceDesc is the grpc.ServiceDesc for Registry service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -412,6 +480,10 @@ var Registry_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Status",
 			Handler:    _Registry_Status_Handler,
 		},
+		{
+			MethodName: "WaitApplied",
+			Handler:    _Registry_WaitApplied_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -424,6 +496,12 @@ var Registry_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Watch",
 			Handler:       _Registry_Watch_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Subscribe",
+			Handler:       _Registry_Subscribe_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "registry/v1/registry.proto",
