@@ -15,8 +15,8 @@ import (
 )
 
 // runRegister: registrations per second through the SDK's connection and
-// regnode's Register (which validates, grants a lease and puts the record
-// with a compare-and-swap) against raw etcd lease grant + put of the same
+// regnode's Register (which validates, takes a lease from its pool and
+// puts the record with a compare-and-swap, group-committed) against raw etcd lease grant + put of the same
 // record from a client of the same etcd, at the same concurrency. etcd
 // fsyncs (the one scenario where it matters: every registration is a
 // write). The two sides alternate in rounds so noise hits both.
@@ -148,7 +148,7 @@ func runRegister(ctx context.Context, e *env) (*Result, error) {
 	}
 	r.skipRatio("ops")
 	r.note("ours = registry.v1 Register over the SDK client's gRPC connection (client.New → API()); client.Register adds a lease keeper on top of exactly this call")
-	r.note("both sides make two etcd calls per registration (ours: Grant, then a Txn that puts only if the key does not exist; raw: Grant, then a blind Put); ours adds the gRPC hop SDK → regnode and regnode's validation")
+	r.note("raw makes two etcd calls per registration (Grant, then a blind Put); ours takes a lease granted ahead from regnode's pool (renewed at handover on one LeaseKeepAlive stream) and puts the record and its saved state with their compares as one member of a group-committed Txn; ours adds the gRPC hop SDK → regnode and regnode's validation")
 	return r, nil
 }
 
