@@ -93,7 +93,7 @@ type Pool struct {
 
 type bucket struct {
 	ttl      int64
-	idle     []idle // most recently renewed last
+	idle     []idle // Take takes the last (the latest granted or given back)
 	granting int
 }
 
@@ -209,7 +209,7 @@ func (p *Pool) Give(ttl time.Duration, id clientv3.LeaseID) {
 	p.revoke(ctx, id)
 }
 
-// pop takes the most recently renewed idle lease of sec, making the bucket
+// pop takes the last idle lease of sec, making the bucket
 // if there is room for one, and asks for a refill.
 func (p *Pool) pop(sec int64) (idle, bool) {
 	p.mu.Lock()
@@ -234,20 +234,19 @@ func (p *Pool) pop(sec int64) (idle, bool) {
 	return l, true
 }
 
+// push puts back a lease pop took and could not renew (taken last next
+// time), or revokes it if the pool closed meanwhile.
 func (p *Pool) push(sec int64, l idle) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if b := p.buckets[sec]; b != nil && !p.closed {
-		b.idle = append([]idle{l}, b.idle...) // oldest renewal first
+		b.idle = append([]idle{l}, b.idle...)
+		p.mu.Unlock()
 		return
 	}
-	p.wg.Add(1)
-	go func() { // closed meanwhile: Close's revoke has run or is running
-		defer p.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		p.revoke(ctx, l.id)
-	}()
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p.revoke(ctx, l.id)
 }
 
 func (p *Pool) signal() {
