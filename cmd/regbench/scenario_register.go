@@ -28,7 +28,11 @@ func runRegister(ctx context.Context, e *env) (*Result, error) {
 	r.param("ops_cN", cfg.regOpsN)
 	r.param("rounds", cfg.regRounds)
 	r.param("fsync", true)
-	r.param("lease_ttl_s", 60)
+	// Leases outlive the run: with a TTL shorter than the run, etcd revokes
+	// one side's expired leases during the other side's later rounds (a
+	// raft proposal each), and the slower side's rounds take more of them.
+	const ttl = 3600
+	r.param("lease_ttl_s", ttl)
 	const base = "etcd_grant_put"
 
 	e.progress.set("starting etcd (fsync on) and a regnode")
@@ -60,13 +64,13 @@ func runRegister(ctx context.Context, e *env) (*Result, error) {
 		id := fmt.Sprint("o-", seq.Add(1))
 		_, err := api.Register(ctx, &registryv1.RegisterRequest{
 			Instance: &registryv1.Instance{Service: "bench", Id: id, Address: "10.0.0.1:80"},
-			Ttl:      durationpb.New(60 * time.Second)})
+			Ttl:      durationpb.New(ttl * time.Second)})
 		return err
 	}
 	direct := func(ctx context.Context) error {
 		in := &registryv1.Instance{Service: "bench", Id: fmt.Sprint("r-", seq.Add(1)), Address: "10.0.0.1:80",
 			Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING}
-		g, err := raw.Grant(ctx, 60)
+		g, err := raw.Grant(ctx, ttl)
 		if err != nil {
 			return err
 		}

@@ -4,9 +4,10 @@
 // LeaseKeepAlive stream (the Pool's idle leases, and every renewal a
 // registry client asks for).
 //
-// A lease handed over by Take has just been renewed, so its remaining TTL
-// is its full TTL at handover: a record put under it expires about one TTL
-// after its registration or its last renewal, never later. Leases in the
+// A lease handed over by Take has just been renewed or granted (within
+// Fresh, a tenth of its TTL at most one second), so its remaining TTL is
+// about its full TTL at handover: a record put under it expires about one
+// TTL after its registration or its last renewal, never later. Leases in the
 // pool belong to nobody: Close revokes them, and after a crash they expire
 // on their own within their TTL.
 package leasepool
@@ -159,14 +160,24 @@ func (p *Pool) IdleTotal() int {
 }
 
 // Take returns a lease of ttl (whole seconds) whose remaining TTL is its
-// full TTL: one from the pool, renewed now, or, when none is ready, one
-// granted on the spot. The lease is the caller's: the pool forgets it.
+// full TTL, give or take Fresh: one from the pool, renewed now unless
+// it was granted or renewed less than Fresh(ttl) ago, or, when none is
+// ready, one granted on the spot. It never hands over a lease with less
+// than ttl - Fresh(ttl) left, so a record under it expires at most Fresh
+// earlier than one TTL after its registration, and never later. The lease
+// is the caller's: the pool forgets it.
 func (p *Pool) Take(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, error) {
 	sec := int64(ttl / time.Second)
 	for {
 		l, ok := p.pop(sec)
 		if !ok {
 			break
+		}
+		if time.Since(l.renewed) < Fresh(ttl) {
+			// Granted a moment ago (the pool refilling under load):
+			// renewing would buy almost nothing, at a round trip each.
+			p.hits.Add(1)
+			return l.id, nil
 		}
 		if _, err := p.cfg.Renewer.Renew(ctx, int64(l.id)); err != nil {
 			if errors.Is(err, ErrNotFound) {
@@ -189,6 +200,11 @@ func (p *Pool) Take(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, e
 	return resp.ID, nil
 }
 
+// Fresh is how recently a pooled lease of ttl must have been granted or
+// renewed to be handed over without renewing it: a tenth of ttl, at most
+// one second.
+func Fresh(ttl time.Duration) time.Duration { return min(ttl/10, time.Second) }
+
 // Give returns a lease Take handed out that was never attached to a key
 // (a registration refused before writing); it must not be used again by
 // the caller. A lease of a TTL without a pool, or beyond the pool's size,
@@ -198,8 +214,10 @@ func (p *Pool) Give(ttl time.Duration, id clientv3.LeaseID) {
 	p.mu.Lock()
 	b := p.buckets[sec]
 	if !p.closed && b != nil && len(b.idle) < p.cfg.Size {
-		// Take renewed it just now; a third of a TTL is far off.
-		b.idle = append(b.idle, idle{id: id, renewed: time.Now()})
+		// When it was last renewed is the caller's to know: counted as
+		// due, it is renewed on the next tick and at its next handover.
+		full := time.Duration(sec) * time.Second
+		b.idle = append(b.idle, idle{id: id, renewed: time.Now().Add(-full / 3)})
 		p.mu.Unlock()
 		return
 	}
