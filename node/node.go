@@ -31,9 +31,11 @@ import (
 	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/fanout"
+	"github.com/regcluster/registry/internal/leasepool"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/tlsfiles"
+	"github.com/regcluster/registry/internal/txnbatch"
 	"github.com/regcluster/registry/internal/zapslog"
 	"github.com/regcluster/registry/probe"
 	"github.com/regcluster/registry/prober"
@@ -272,6 +274,9 @@ type Node struct {
 	metrics *metrics.Metrics
 	hub     *fanout.Hub
 	stopHub context.CancelFunc
+	renew   *leasepool.Renewer // every renewal, on one LeaseKeepAlive stream
+	leases  *leasepool.Pool    // Register's leases, granted ahead
+	commit  *txnbatch.Batcher  // Register's writes, group-committed
 	probe   *probe.Checker
 	stopEl  context.CancelFunc
 	elDone  chan struct{}
@@ -412,8 +417,23 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 
 	n.metrics = metrics.New()
+	// Registration past raw etcd: leases taken from a pool granted ahead,
+	// concurrent registrations' writes committed as one Txn, renewals on
+	// one stream.
+	n.renew = leasepool.NewRenewer(n.cli, n.log)
+	pc := leasepool.DefaultConfig()
+	pc.Client, pc.Renewer, pc.Logger = n.cli, n.renew, n.log
+	if n.leases, err = leasepool.New(pc); err != nil {
+		return nil, err
+	}
+	bc := txnbatch.DefaultConfig()
+	bc.Client, bc.Logger = n.cli, n.log
+	if n.commit, err = txnbatch.New(bc); err != nil {
+		return nil, err
+	}
 	st, err := store.New(store.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
-		OnJunk: func(string, error) { n.metrics.JunkSkipped.Inc() }})
+		OnJunk: func(string, error) { n.metrics.JunkSkipped.Inc() },
+		Leases: n.leases, Commit: n.commit, Renew: n.renew})
 	if err != nil {
 		return nil, err
 	}
@@ -585,6 +605,15 @@ func (n *Node) Etcd() *clientv3.Client { return n.cli }
 // Metrics are the node's counters.
 func (n *Node) Metrics() *metrics.Metrics { return n.metrics }
 
+// IdleLeases is how many leases the registration lease pool holds ready
+// (granted ahead, attached to no key, revoked by Close).
+func (n *Node) IdleLeases() int {
+	if n.leases == nil {
+		return 0
+	}
+	return n.leases.IdleTotal()
+}
+
 // Hub is the node's subscription fan-out.
 func (n *Node) Hub() *fanout.Hub { return n.hub }
 
@@ -659,6 +688,22 @@ func (n *Node) shutdown() error {
 		n.stopAuth()
 	}
 	n.wg.Wait()
+	// No call is in flight now: the pool's idle leases are nobody's, so
+	// they are revoked while etcd is still there (a crash leaves them to
+	// expire within their TTL).
+	if n.commit != nil {
+		n.commit.Close()
+	}
+	if n.leases != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+		if err := n.leases.Close(ctx); err != nil {
+			n.log.Warn("revoke the lease pool's idle leases (they expire within their TTL)", "err", err)
+		}
+		cancel()
+	}
+	if n.renew != nil {
+		n.renew.Close()
+	}
 	if n.cli != nil {
 		if err := n.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
 			errs = append(errs, fmt.Errorf("close etcd client: %w", err))

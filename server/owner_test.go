@@ -330,15 +330,19 @@ func TestRegisterFloodIsLimited(t *testing.T) {
 			t.Fatalf("etcd holds %d keys under %s (%v), want the %d accepted", resp.Count, prefix, err, ok)
 		}
 	}
-	leases, err := rn.Etcd.Leases(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The accepted registrations' leases, the prober's election session
-	// and the regnode's announcement (node/peers.go).
-	if len(leases.Leases) != ok+2 {
-		t.Fatalf("%d leases after %d accepted registrations: refused ones left leases", len(leases.Leases), ok)
-	}
+	// The accepted registrations' leases, the prober's election session,
+	// the regnode's announcement (node/peers.go) and the leases the
+	// registration pool holds ready (it refills as registrations take
+	// them: read between two equal counts of it).
+	var leases *clientv3.LeaseLeasesResponse
+	waitFor(t, 30*time.Second, "the leases to be the accepted ones, the session, the announcement and the pool's", func() bool {
+		idle := rn.Node.IdleLeases()
+		var err error
+		if leases, err = rn.Etcd.Leases(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return idle == rn.Node.IdleLeases() && len(leases.Leases) == ok+2+idle
+	})
 	if n := testutil.ToFloat64(rn.Node.Metrics().Limited.WithLabelValues(peerlimit.WriteRate)); int(n) != limited {
 		t.Fatalf("registry_limited_total{limit=write_rate} = %v, want %d", n, limited)
 	}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -20,7 +21,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/regcluster/registry/internal/etcdread"
+	"github.com/regcluster/registry/internal/leasepool"
 	"github.com/regcluster/registry/internal/secret"
+	"github.com/regcluster/registry/internal/txnbatch"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -52,6 +55,18 @@ type Config struct {
 	OnJunk func(key string, err error)
 	// Now is the wall clock used for registered_at (default time.Now).
 	Now func() time.Time
+	// Leases, if set, is where Register takes its leases: granted ahead
+	// and renewed at handover (see package leasepool). Without it each
+	// Register grants its own.
+	Leases *leasepool.Pool
+	// Commit, if set, group-commits Register's write with concurrent
+	// registrations' (see package txnbatch), each keeping its own
+	// compares and outcome. Without it each Register sends its own Txn.
+	Commit *txnbatch.Batcher
+	// Renew, if set, carries KeepAliveAs's renewals on one shared
+	// LeaseKeepAlive stream. Without it each renewal opens a stream of
+	// its own (clientv3's KeepAliveOnce).
+	Renew *leasepool.Renewer
 }
 
 // Store reads and writes instance records. It is safe for concurrent use.
@@ -62,6 +77,9 @@ type Store struct {
 	log    *slog.Logger
 	onJunk func(string, error)
 	now    func() time.Time
+	leases *leasepool.Pool
+	commit *txnbatch.Batcher
+	renew  *leasepool.Renewer
 }
 
 // New returns a Store; it fails only if cfg has no client.
@@ -70,7 +88,8 @@ func New(cfg Config) (*Store, error) {
 		return nil, errors.New("store: Config.Client is required")
 	}
 	s := &Store{cli: cfg.Client, keys: record.NewKeys(cfg.Prefix), page: cfg.PageSize,
-		log: cfg.Logger, onJunk: cfg.OnJunk, now: cfg.Now}
+		log: cfg.Logger, onJunk: cfg.OnJunk, now: cfg.Now,
+		leases: cfg.Leases, commit: cfg.Commit, renew: cfg.Renew}
 	if s.page <= 0 {
 		s.page = 1000
 	}
@@ -159,16 +178,17 @@ func (s *Store) RegisterAs(ctx context.Context, sec string, in *registryv1.Insta
 	key := s.keys.Instance(base.Service, base.Id)
 	skey := s.StateKey(base.Service, base.Id)
 
-	grant, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	// The size is checked before a lease is taken, with the largest
+	// lease ID, so a refused record takes none.
+	base.LeaseId = math.MaxInt64
+	if err := s.checkSize(key, base); err != nil {
+		return nil, err
+	}
+	lease, err := s.grant(ctx, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("grant %s lease for %s: %w", ttl, key, err)
 	}
-	lease := grant.ID
 	base.LeaseId = int64(lease)
-	if err := s.checkSize(key, base); err != nil {
-		s.revoke(lease)
-		return nil, err
-	}
 	// The record and its saved state as last read (at one revision). The
 	// first attempt guesses a first registration, neither of them there,
 	// so it takes one round trip; a wrong guess reads both in its Else.
@@ -200,7 +220,7 @@ func (s *Store) RegisterAs(ctx context.Context, sec string, in *registryv1.Insta
 			kv := ikvs[0]
 			old, derr := s.keys.Decode(key, kv.Value, kv.CreateRevision, kv.ModRevision)
 			if derr == nil && !ours {
-				s.revoke(lease)
+				s.unused(ttl, lease)
 				return nil, fmt.Errorf("register %s: %w (alive under lease %x; replacing it needs its secret)", key, record.ErrAlreadyExists, old.LeaseId)
 			}
 			if derr != nil {
@@ -221,20 +241,19 @@ func (s *Store) RegisterAs(ctx context.Context, sec string, in *registryv1.Insta
 			err = s.checkSize(key, inst)
 		}
 		if err != nil {
-			s.revoke(lease)
+			s.unused(ttl, lease)
 			return nil, err
 		}
 		sval, err := encodeState(inst, owner)
 		if err != nil {
-			s.revoke(lease)
+			s.unused(ttl, lease)
 			return nil, err
 		}
-		resp, err := s.cli.Txn(ctx).If(cmps...).
-			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease)), clientv3.OpPut(skey, sval)).
-			Else(clientv3.OpGet(key), clientv3.OpGet(skey)).
-			Commit()
+		resp, err := s.txn(ctx, txnbatch.Op{If: cmps,
+			Then: []clientv3.Op{clientv3.OpPut(key, string(val), clientv3.WithLease(lease)), clientv3.OpPut(skey, sval)},
+			Else: []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(skey)}})
 		if err != nil {
-			s.revoke(lease)
+			s.revoke(lease) // it may have landed: the lease must not outlive the call
 			return nil, fmt.Errorf("register %s: %w", key, err)
 		}
 		if !resp.Succeeded {
@@ -246,7 +265,7 @@ func (s *Store) RegisterAs(ctx context.Context, sec string, in *registryv1.Insta
 		if oldLease != 0 && oldLease != int64(lease) {
 			s.revoke(clientv3.LeaseID(oldLease))
 		}
-		reg := s.registered(inst, lease, ttl, resp.Header.Revision)
+		reg := s.registered(inst, lease, ttl, resp.Revision)
 		reg.Replaced, reg.Secret = rereg, sec
 		return reg, nil
 	}
@@ -281,6 +300,42 @@ func (s *Store) registered(inst *registryv1.Instance, lease clientv3.LeaseID, tt
 	return &Registration{LeaseID: int64(lease), TTL: ttl, Revision: rev, Instance: inst}
 }
 
+// grant returns a new lease of ttl whose remaining TTL is its full TTL:
+// from the pool if the Store has one, else granted now.
+func (s *Store) grant(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, error) {
+	if s.leases != nil {
+		return s.leases.Take(ctx, ttl)
+	}
+	resp, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return 0, err
+	}
+	return resp.ID, nil
+}
+
+// unused drops a lease from grant that no key was ever attached to: back
+// to the pool (saving a revoke), or revoked.
+func (s *Store) unused(ttl time.Duration, lease clientv3.LeaseID) {
+	if s.leases != nil {
+		s.leases.Give(ttl, lease)
+		return
+	}
+	s.revoke(lease)
+}
+
+// txn commits op: with the Store's batcher, together with concurrent
+// registrations, else as a Txn of its own.
+func (s *Store) txn(ctx context.Context, op txnbatch.Op) (txnbatch.Result, error) {
+	if s.commit != nil {
+		return s.commit.Do(ctx, op)
+	}
+	resp, err := s.cli.Txn(ctx).If(op.If...).Then(op.Then...).Else(op.Else...).Commit()
+	if err != nil {
+		return txnbatch.Result{}, err
+	}
+	return txnbatch.Result{Succeeded: resp.Succeeded, Responses: resp.Responses, Revision: resp.Header.Revision}, nil
+}
+
 // revoke drops a lease this store granted and will not use; failure only
 // delays its expiry by one TTL, so it is logged, not returned.
 func (s *Store) revoke(lease clientv3.LeaseID) {
@@ -312,17 +367,30 @@ func (s *Store) KeepAliveAs(ctx context.Context, sec, service, id string, leaseI
 	if ikv.Lease != leaseID {
 		return 0, fmt.Errorf("keep lease %x of %s alive: the record is under another lease: %w", leaseID, key, ErrLeaseLost)
 	}
-	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(leaseID))
+	ttl, err := s.renewLease(ctx, leaseID)
 	if err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, leasepool.ErrNotFound) {
 			return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, ErrLeaseLost)
 		}
 		return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, err)
 	}
-	if resp.TTL <= 0 {
+	if ttl <= 0 {
 		return 0, fmt.Errorf("keep lease %x alive: %w", leaseID, ErrLeaseLost)
 	}
-	return time.Duration(resp.TTL) * time.Second, nil
+	return time.Duration(ttl) * time.Second, nil
+}
+
+// renewLease renews leaseID once: on the shared stream if the Store has
+// one, else on a stream of its own.
+func (s *Store) renewLease(ctx context.Context, leaseID int64) (int64, error) {
+	if s.renew != nil {
+		return s.renew.Renew(ctx, leaseID)
+	}
+	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(leaseID))
+	if err != nil {
+		return 0, err
+	}
+	return resp.TTL, nil
 }
 
 // read returns the record of service/id and its saved state (nil when
