@@ -6,7 +6,7 @@
 // fan-out behind watch are the gRPC server's.
 //
 // The JSON is the CLI's contract, not protobuf's: responses are encoded
-// with internal/view, the same types `regctl -o json` prints (snake_case
+// with internal/render, the same types `regctl -o json` prints (snake_case
 // names, enums without their prefix, lease ids in hex, health latency in
 // milliseconds). protojson, which grpc-gateway uses, would print
 // "LIFECYCLE_SERVING", decimal-string lease ids and "0.003s" latencies, so
@@ -47,7 +47,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -271,7 +271,7 @@ func (a *API) services(w http.ResponseWriter, r *http.Request) {
 	}
 	insts, ok := a.list(w, r, "")
 	if ok {
-		writeJSON(w, http.StatusOK, view.CountServices(insts))
+		writeJSON(w, http.StatusOK, render.CountServices(insts))
 	}
 }
 
@@ -281,7 +281,7 @@ func (a *API) listAll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if insts, ok := a.list(w, r, ""); ok {
-		writeJSON(w, http.StatusOK, view.NewInstances(insts))
+		writeJSON(w, http.StatusOK, render.NewInstances(insts))
 	}
 }
 
@@ -295,7 +295,7 @@ func (a *API) listService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if insts, ok := a.list(w, r, service); ok {
-		writeJSON(w, http.StatusOK, view.NewInstances(insts))
+		writeJSON(w, http.StatusOK, render.NewInstances(insts))
 	}
 }
 
@@ -316,7 +316,7 @@ func (a *API) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("X-Registry-Revision", strconv.FormatInt(resp.GetRevision(), 10))
-	writeJSON(w, http.StatusOK, view.NewInstance(resp.GetInstance()))
+	writeJSON(w, http.StatusOK, render.NewInstance(resp.GetInstance()))
 }
 
 func (a *API) status(w http.ResponseWriter, r *http.Request) {
@@ -331,7 +331,7 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		a.writeRPCError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, view.NewStatus(resp))
+	writeJSON(w, http.StatusOK, render.NewStatus(resp))
 }
 
 // drainBody is the optional body of a drain.
@@ -357,7 +357,7 @@ func (a *API) drain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("X-Registry-Revision", strconv.FormatInt(resp.GetRevision(), 10))
-	writeJSON(w, http.StatusOK, view.NewInstance(resp.GetInstance()))
+	writeJSON(w, http.StatusOK, render.NewInstance(resp.GetInstance()))
 }
 
 func (a *API) undrain(w http.ResponseWriter, r *http.Request) {
@@ -377,7 +377,7 @@ func (a *API) undrain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("X-Registry-Revision", strconv.FormatInt(resp.GetRevision(), 10))
-	writeJSON(w, http.StatusOK, view.NewInstance(resp.GetInstance()))
+	writeJSON(w, http.StatusOK, render.NewInstance(resp.GetInstance()))
 }
 
 // writable checks a write's path and query and refuses it in read-only

@@ -25,7 +25,7 @@ import (
 	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -135,10 +135,10 @@ func TestReadsAreTheCLIJSON(t *testing.T) {
 		path string
 		want any
 	}{
-		{"/api/v1/instances", view.NewInstances(all.Instances)},
-		{"/api/v1/services/orders/instances", view.NewInstances(orders.Instances)},
-		{"/api/v1/services/orders/instances/o-1", view.NewInstance(one.Instance)},
-		{"/api/v1/services", view.CountServices(all.Instances)},
+		{"/api/v1/instances", render.NewInstances(all.Instances)},
+		{"/api/v1/services/orders/instances", render.NewInstances(orders.Instances)},
+		{"/api/v1/services/orders/instances/o-1", render.NewInstance(one.Instance)},
+		{"/api/v1/services", render.CountServices(all.Instances)},
 	} {
 		code, body, hdr := f.do(t, "GET", c.path, "")
 		if code != http.StatusOK || hdr.Get("Content-Type") != "application/json" {
@@ -162,7 +162,7 @@ func TestReadsAreTheCLIJSON(t *testing.T) {
 	}
 
 	code, body, _ := f.do(t, "GET", "/api/v1/status", "")
-	var st view.Status
+	var st render.Status
 	if err := json.Unmarshal(body, &st); code != http.StatusOK || err != nil {
 		t.Fatalf("status = %d %s (%v)", code, body, err)
 	}
@@ -270,7 +270,7 @@ func TestDrainUndrain(t *testing.T) {
 	}
 
 	code, body, hdr := f.do(t, "POST", "/api/v1/services/orders/instances/o-1/drain", `{"reason":"kernel"}`)
-	var v view.Instance
+	var v render.Instance
 	if err := json.Unmarshal(body, &v); code != 200 || err != nil || v.Lifecycle != "DRAINING" {
 		t.Fatalf("drain = %d %s", code, body)
 	}
@@ -328,7 +328,7 @@ type sse struct {
 }
 
 type event struct {
-	line view.WatchLine
+	line render.WatchLine
 	id   string
 }
 
@@ -360,7 +360,7 @@ func (s *sse) next() event {
 func (s *sse) nextChange() event {
 	s.t.Helper()
 	for {
-		if ev := s.next(); ev.line.Type != view.WatchProgress {
+		if ev := s.next(); ev.line.Type != render.WatchProgress {
 			return ev
 		}
 	}
@@ -400,7 +400,7 @@ func TestWatchSSE(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s, resp := f.watch(t, ctx, "/api/v1/watch?service=orders")
 	first := s.next()
-	if first.line.Type != view.WatchSnapshot || *first.line.Reset || len(first.line.Instances) != 1 ||
+	if first.line.Type != render.WatchSnapshot || *first.line.Reset || len(first.line.Instances) != 1 ||
 		first.line.Instances[0].ID != "o-1" || first.id != strconv.FormatInt(first.line.Revision, 10) {
 		t.Fatalf("first event = %+v", first)
 	}
@@ -410,7 +410,7 @@ func TestWatchSSE(t *testing.T) {
 
 	reg := f.register(t, "orders", "o-2", "127.0.0.1:9002")
 	put := s.nextChange()
-	if put.line.Type != view.WatchPut || put.line.Instance.ID != "o-2" || put.line.Revision != reg.Revision || put.id != strconv.FormatInt(reg.Revision, 10) {
+	if put.line.Type != render.WatchPut || put.line.Instance.ID != "o-2" || put.line.Revision != reg.Revision || put.id != strconv.FormatInt(reg.Revision, 10) {
 		t.Fatalf("after a registration: %+v, want put o-2 at %d", put, reg.Revision)
 	}
 	dr, err := f.rpc.Deregister(context.Background(), &registryv1.DeregisterRequest{Service: "orders", Id: "o-1"})
@@ -418,7 +418,7 @@ func TestWatchSSE(t *testing.T) {
 		t.Fatal(err)
 	}
 	del := s.nextChange()
-	if del.line.Type != view.WatchDelete || del.line.ID != "o-1" || del.line.Service != "orders" || del.line.Revision != dr.Revision {
+	if del.line.Type != render.WatchDelete || del.line.ID != "o-1" || del.line.Service != "orders" || del.line.Revision != dr.Revision {
 		t.Fatalf("after a deregistration: %+v", del)
 	}
 	cancel()
@@ -431,10 +431,10 @@ func TestWatchSSE(t *testing.T) {
 	defer cancel2()
 	s2, resp2 := f.watch(t, ctx2, "/api/v1/watch?service=orders", "Last-Event-ID", first.id)
 	defer resp2.Body.Close()
-	if ev := s2.nextChange(); ev.line.Type != view.WatchPut || ev.line.Instance.ID != "o-2" {
+	if ev := s2.nextChange(); ev.line.Type != render.WatchPut || ev.line.Instance.ID != "o-2" {
 		t.Fatalf("resumed from %s: %+v, want the put of o-2", first.id, ev)
 	}
-	if ev := s2.nextChange(); ev.line.Type != view.WatchDelete || ev.line.ID != "o-1" {
+	if ev := s2.nextChange(); ev.line.Type != render.WatchDelete || ev.line.ID != "o-1" {
 		t.Fatalf("resumed from %s: %+v, want the delete of o-1", first.id, ev)
 	}
 }
@@ -491,7 +491,7 @@ func TestWatchSSEJoinsAChunkedSnapshot(t *testing.T) {
 	s, resp := f.watch(t, ctx, "/api/v1/watch?service=bulk&from_revision=0")
 	defer resp.Body.Close()
 	ev := s.next()
-	if ev.line.Type != view.WatchSnapshot || len(ev.line.Instances) != n || ev.line.Revision < last {
+	if ev.line.Type != render.WatchSnapshot || len(ev.line.Instances) != n || ev.line.Revision < last {
 		t.Fatalf("first event: %s with %d instances at %d, want one snapshot of %d at >= %d", ev.line.Type, len(ev.line.Instances), ev.line.Revision, n, last)
 	}
 }
@@ -505,7 +505,7 @@ func TestCloseEndsSSEWatch(t *testing.T) {
 	defer cancel()
 	s, resp := f.watch(t, ctx, "/api/v1/watch")
 	defer resp.Body.Close()
-	if ev := s.next(); ev.line.Type != view.WatchSnapshot {
+	if ev := s.next(); ev.line.Type != render.WatchSnapshot {
 		t.Fatalf("first event = %+v", ev)
 	}
 	if err := f.rn.Node.Close(); err != nil {

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/internal/chunk"
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -129,11 +129,11 @@ func recvJoined(s watchStream, j *chunk.Joiner) (*registryv1.WatchResponse, erro
 // writeEvents appends m's SSE events to buf: one per watch line, the last
 // with the revision as its id.
 func writeEvents(buf *bytes.Buffer, m *registryv1.WatchResponse) {
-	lines := view.NewWatchLines(m)
+	lines := render.NewWatchLines(m)
 	if len(lines) == 0 {
 		// An event batch whose events were all of an unknown kind: keep
 		// the revision moving for the client.
-		lines = []view.WatchLine{view.NewProgressLine(m.GetRevision())}
+		lines = []render.WatchLine{render.NewProgressLine(m.GetRevision())}
 	}
 	enc := json.NewEncoder(buf)
 	enc.SetEscapeHTML(false) // as regctl prints it

@@ -13,7 +13,7 @@ import (
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -50,7 +50,7 @@ func TestDrainWaitNamesAStoppedSubscriber(t *testing.T) {
 		}
 	}
 	w := &jsonWatch{watchProc: startWatch(t, "--endpoints", rns[2].Addr, "-o", "json", "watch", "orders")}
-	if l := w.nextJSON(t); l.Type != view.WatchSnapshot || len(l.Instances) != 2 {
+	if l := w.nextJSON(t); l.Type != render.WatchSnapshot || len(l.Instances) != 2 {
 		t.Fatalf("first line %+v, want the snapshot of both", l)
 	}
 	pid := w.cmd.Process.Pid
@@ -110,7 +110,7 @@ func TestDrainWaitNamesAStoppedSubscriber(t *testing.T) {
 	stopped = false
 	for {
 		l := w.nextJSON(t)
-		if l.Type == view.WatchPut && l.Instance.ID == "o-1" && l.Instance.Lifecycle == "DRAINING" {
+		if l.Type == render.WatchPut && l.Instance.ID == "o-1" && l.Instance.Lifecycle == "DRAINING" {
 			break
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -34,11 +34,11 @@ verdict. -o json prints one JSON object.`,
 			if err != nil {
 				return notFound(err, service, id)
 			}
-			v := view.NewInstance(resp.GetInstance())
+			v := render.NewInstance(resp.GetInstance())
 			if o.json() {
 				return o.printJSON(v)
 			}
-			return view.WriteInstance(o.stdout, v, time.Now())
+			return render.WriteInstance(o.stdout, v, time.Now())
 		},
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -123,7 +123,7 @@ func setLifecycle(cmd *cobra.Command, o *options, service, id string, call func(
 	if err != nil {
 		return notFound(err, service, id)
 	}
-	v := view.NewInstance(inst)
+	v := render.NewInstance(inst)
 	if o.json() {
 		err = o.printJSON(v)
 	} else {

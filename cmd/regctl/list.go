@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 )
 
 func newListCmd(o *options) *cobra.Command {
@@ -32,11 +32,11 @@ the first probe). -o wide adds VERSION LEASE MOD_REV REASON METADATA.
 			if err != nil {
 				return err
 			}
-			vs := view.NewInstances(insts)
+			vs := render.NewInstances(insts)
 			if o.json() {
 				return o.printJSON(vs)
 			}
-			return view.WriteInstances(o.stdout, vs, o.wide(), time.Now())
+			return render.WriteInstances(o.stdout, vs, o.wide(), time.Now())
 		},
 	}
 }

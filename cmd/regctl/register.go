@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/regcluster/registry/client"
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -243,7 +243,7 @@ func runRegister(ctx context.Context, o *options, inst *registryv1.Instance, ttl
 	ev := func(event string, leaseID int64) registerEvent {
 		e := registerEvent{Event: event, Service: inst.GetService(), ID: inst.GetId()}
 		if leaseID != 0 {
-			e.LeaseID = view.HexID(uint64(leaseID))
+			e.LeaseID = render.HexID(uint64(leaseID))
 		}
 		return e
 	}
@@ -254,9 +254,9 @@ func runRegister(ctx context.Context, o *options, inst *registryv1.Instance, ttl
 		switch {
 		case closing.Load():
 		case !st.Registered:
-			p.print(ev("lost", st.LeaseID), fmt.Sprintf("%s lost its registration (lease %s); registering again", name, view.HexID(uint64(st.LeaseID))))
+			p.print(ev("lost", st.LeaseID), fmt.Sprintf("%s lost its registration (lease %s); registering again", name, render.HexID(uint64(st.LeaseID))))
 		case st.Registrations > 1:
-			p.print(ev("registered", st.LeaseID), fmt.Sprintf("registered %s again (lease %s)", name, view.HexID(uint64(st.LeaseID))))
+			p.print(ev("registered", st.LeaseID), fmt.Sprintf("registered %s again (lease %s)", name, render.HexID(uint64(st.LeaseID))))
 		}
 	}
 
@@ -277,7 +277,7 @@ func runRegister(ctx context.Context, o *options, inst *registryv1.Instance, ttl
 	}
 	level.Set(slog.LevelWarn)
 	st := reg.Status()
-	p.print(ev("registered", st.LeaseID), fmt.Sprintf("registered %s (lease %s, ttl %s); press Ctrl-C to drain and deregister", name, view.HexID(uint64(st.LeaseID)), ttl))
+	p.print(ev("registered", st.LeaseID), fmt.Sprintf("registered %s (lease %s, ttl %s); press Ctrl-C to drain and deregister", name, render.HexID(uint64(st.LeaseID)), ttl))
 
 	<-untilSignal.Done()
 	closing.Store(true)

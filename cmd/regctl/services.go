@@ -4,7 +4,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/regcluster/registry/client"
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -21,11 +21,11 @@ unavailable, unknown). -o json prints an array of objects.`,
 			if err != nil {
 				return err
 			}
-			counts := view.CountServices(insts)
+			counts := render.CountServices(insts)
 			if o.json() {
 				return o.printJSON(counts)
 			}
-			return view.WriteServices(o.stdout, counts, o.wide())
+			return render.WriteServices(o.stdout, counts, o.wide())
 		},
 	}
 }

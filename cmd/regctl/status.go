@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -33,11 +33,11 @@ URLs. -o json prints one object:
 			if err != nil {
 				return err
 			}
-			v := view.NewStatus(resp)
+			v := render.NewStatus(resp)
 			if o.json() {
 				return o.printJSON(v)
 			}
-			return view.WriteStatus(o.stdout, v, o.wide())
+			return render.WriteStatus(o.stdout, v, o.wide())
 		},
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/regcluster/registry/internal/render"
 	"github.com/regcluster/registry/internal/token"
-	"github.com/regcluster/registry/internal/view"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -151,7 +151,7 @@ memory, never written by a call). -o json prints an array.`,
 				}
 				return o.printJSON(out)
 			}
-			tw := view.NewTable(o.stdout, "NAME", "ROLE", "SCOPE", "EXPIRES", "LAST USED", "CREATED BY")
+			tw := render.NewTable(o.stdout, "NAME", "ROLE", "SCOPE", "EXPIRES", "LAST USED", "CREATED BY")
 			now := time.Now()
 			for _, t := range resp.Tokens {
 				last := "-"

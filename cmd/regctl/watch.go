@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/regcluster/registry/client"
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 )
 
 func newWatchCmd(o *options) *cobra.Command {
@@ -121,7 +121,7 @@ func (p *watchPrinter) print(ch client.Change) error {
 		if ch.NewEpoch {
 			fmt.Fprintf(p.stderr, "regctl: warning: NEW EPOCH at revision %d: etcd was restored or replaced; revisions start over\n", rev)
 		}
-		line := view.NewSnapshotLine(rev, reset, ch.NewEpoch, ch.Instances)
+		line := render.NewSnapshotLine(rev, reset, ch.NewEpoch, ch.Instances)
 		if p.o.json() {
 			return p.o.printJSONLine(line)
 		}
@@ -130,28 +130,28 @@ func (p *watchPrinter) print(ch client.Change) error {
 		}
 		if !reset {
 			for _, in := range line.Instances {
-				if err := p.text(view.SnapshotMemberText(rev, in, p.o.wide())); err != nil {
+				if err := p.text(render.SnapshotMemberText(rev, in, p.o.wide())); err != nil {
 					return err
 				}
 			}
 			return nil
 		}
 		// After a reset, the net changes from what was shown.
-		for _, l := range view.NewDiffLines(ch.Diff) {
+		for _, l := range render.NewDiffLines(ch.Diff) {
 			if err := p.text(l.Text(p.o.wide())); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	lines := view.NewDiffLines(ch.Diff)
+	lines := render.NewDiffLines(ch.Diff)
 	if len(lines) == 0 {
 		// Nothing changed but the revision (a progress notification, or
 		// events whose net effect is nil).
 		if !p.o.json() && !p.progress {
 			return nil
 		}
-		lines = []view.WatchLine{view.NewProgressLine(rev)}
+		lines = []render.WatchLine{render.NewProgressLine(rev)}
 	}
 	for _, l := range lines {
 		var err error

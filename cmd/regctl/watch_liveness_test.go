@@ -8,7 +8,7 @@ import (
 
 	"github.com/regcluster/registry/internal/netproxy"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 )
 
 // waitStderr waits until w's stderr holds want and returns where.
@@ -38,7 +38,7 @@ func TestWatchWarnsWhenUnconfirmed(t *testing.T) {
 	}
 	defer px.Cut()
 	w := &jsonWatch{watchProc: startWatch(t, "--endpoints", px.Addr(), "-o", "json", "watch")}
-	if l := w.nextJSON(t); l.Type != view.WatchSnapshot {
+	if l := w.nextJSON(t); l.Type != render.WatchSnapshot {
 		t.Fatalf("first line %+v, want a snapshot", l)
 	}
 	px.Pause()
@@ -52,7 +52,7 @@ func TestWatchWarnsWhenUnconfirmed(t *testing.T) {
 	r := register(t, api, "orders", "o-1", "10.0.0.1:80")
 	for {
 		l := w.nextAny(t)
-		if l.Type == view.WatchPut {
+		if l.Type == render.WatchPut {
 			wantPut(t, l, "o-1", "SERVING", r.Revision)
 			break
 		}

@@ -25,7 +25,7 @@ import (
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/internal/view"
+	"github.com/regcluster/registry/internal/render"
 	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -114,24 +114,24 @@ func (w *watchProc) stop(t *testing.T, sig os.Signal) []string {
 type jsonWatch struct {
 	*watchProc
 	rev       int64
-	all       []view.WatchLine
+	all       []render.WatchLine
 	progress  int // progress lines seen
 	snapshots int
 }
 
 // nextJSON returns the next line that is not progress.
-func (w *jsonWatch) nextJSON(t *testing.T) view.WatchLine {
+func (w *jsonWatch) nextJSON(t *testing.T) render.WatchLine {
 	t.Helper()
 	for {
 		l := w.nextAny(t)
-		if l.Type != view.WatchProgress {
+		if l.Type != render.WatchProgress {
 			return l
 		}
 	}
 }
 
 // nextAny returns the next line, progress included.
-func (w *jsonWatch) nextAny(t *testing.T) view.WatchLine {
+func (w *jsonWatch) nextAny(t *testing.T) render.WatchLine {
 	t.Helper()
 	raw := w.next(t)
 	l := checkWatchLine(t, raw)
@@ -141,9 +141,9 @@ func (w *jsonWatch) nextAny(t *testing.T) view.WatchLine {
 	w.rev = l.Revision
 	w.all = append(w.all, l)
 	switch l.Type {
-	case view.WatchProgress:
+	case render.WatchProgress:
 		w.progress++
-	case view.WatchSnapshot:
+	case render.WatchSnapshot:
 		w.snapshots++
 	}
 	return l
@@ -151,7 +151,7 @@ func (w *jsonWatch) nextAny(t *testing.T) view.WatchLine {
 
 // checkWatchLine decodes one JSON line and checks its keys against
 // DESIGN.md.
-func checkWatchLine(t *testing.T, raw string) view.WatchLine {
+func checkWatchLine(t *testing.T, raw string) render.WatchLine {
 	t.Helper()
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(raw), &m); err != nil {
@@ -159,15 +159,15 @@ func checkWatchLine(t *testing.T, raw string) view.WatchLine {
 	}
 	dec := json.NewDecoder(strings.NewReader(raw))
 	dec.DisallowUnknownFields()
-	var l view.WatchLine
+	var l render.WatchLine
 	if err := dec.Decode(&l); err != nil {
 		t.Fatalf("watch line %q: %v", raw, err)
 	}
 	want := map[string][]string{
-		view.WatchSnapshot: {"type", "revision", "reset", "instances"},
-		view.WatchPut:      {"type", "revision", "instance"},
-		view.WatchDelete:   {"type", "revision", "service", "id"},
-		view.WatchProgress: {"type", "revision"},
+		render.WatchSnapshot: {"type", "revision", "reset", "instances"},
+		render.WatchPut:      {"type", "revision", "instance"},
+		render.WatchDelete:   {"type", "revision", "service", "id"},
+		render.WatchProgress: {"type", "revision"},
 	}[l.Type]
 	if want == nil {
 		t.Fatalf("watch line %q: unknown type %q", raw, l.Type)
@@ -184,7 +184,7 @@ func checkWatchLine(t *testing.T, raw string) view.WatchLine {
 	if !slices.Equal(got, want) {
 		t.Fatalf("watch line %q: keys %q, want %q", raw, got, want)
 	}
-	if l.Type == view.WatchSnapshot && string(m["instances"])[0] != '[' {
+	if l.Type == render.WatchSnapshot && string(m["instances"])[0] != '[' {
 		t.Fatalf("watch line %q: instances is not an array", raw)
 	}
 	if l.Revision <= 0 {
@@ -193,9 +193,9 @@ func checkWatchLine(t *testing.T, raw string) view.WatchLine {
 	return l
 }
 
-func wantPut(t *testing.T, l view.WatchLine, id, lifecycle string, rev int64) {
+func wantPut(t *testing.T, l render.WatchLine, id, lifecycle string, rev int64) {
 	t.Helper()
-	if l.Type != view.WatchPut || l.Instance == nil || l.Instance.Service != "orders" || l.Instance.ID != id || l.Instance.Lifecycle != lifecycle {
+	if l.Type != render.WatchPut || l.Instance == nil || l.Instance.Service != "orders" || l.Instance.ID != id || l.Instance.Lifecycle != lifecycle {
 		t.Fatalf("got %+v, want a put of orders/%s %s", l, id, lifecycle)
 	}
 	if l.Revision != rev || l.Instance.ModRevision != rev {
@@ -244,7 +244,7 @@ func TestWatchJSON(t *testing.T) {
 	w := &jsonWatch{watchProc: startWatch(t, "--endpoints", rn.Addr, "-o", "json", "watch", "orders")}
 
 	snap := w.nextJSON(t)
-	if snap.Type != view.WatchSnapshot || snap.Reset == nil || *snap.Reset || snap.NewEpoch || len(snap.Instances) != 0 {
+	if snap.Type != render.WatchSnapshot || snap.Reset == nil || *snap.Reset || snap.NewEpoch || len(snap.Instances) != 0 {
 		t.Fatalf("first line %+v, want a snapshot with reset false and no instances", snap)
 	}
 
@@ -270,30 +270,30 @@ func TestWatchJSON(t *testing.T) {
 
 	x2 := deregister(t, api, "orders", "o-2")
 	l = w.nextJSON(t)
-	if l.Type != view.WatchDelete || l.Service != "orders" || l.ID != "o-2" || l.Revision != x2.Revision {
+	if l.Type != render.WatchDelete || l.Service != "orders" || l.ID != "o-2" || l.Revision != x2.Revision {
 		t.Fatalf("got %+v, want a delete of orders/o-2 at revision %d", l, x2.Revision)
 	}
 
 	// A progress line at or past the other service's change, bounded by
 	// the deadline of next.
 	for w.progress == 0 || w.rev < other.Revision {
-		if l := w.nextAny(t); l.Type != view.WatchProgress {
+		if l := w.nextAny(t); l.Type != render.WatchProgress {
 			t.Fatalf("unexpected line %+v", l)
 		}
 	}
 
 	rest := w.stop(t, os.Interrupt)
 	for _, raw := range rest {
-		if l := checkWatchLine(t, raw); l.Type != view.WatchProgress {
+		if l := checkWatchLine(t, raw); l.Type != render.WatchProgress {
 			t.Errorf("after the changes, line %q", raw)
 		}
 	}
 	var types []string
 	for _, l := range w.all {
-		if l.Type != view.WatchProgress {
+		if l.Type != render.WatchProgress {
 			types = append(types, l.Type)
 		}
-		if l.Type == view.WatchPut && l.Instance.Service != "orders" {
+		if l.Type == render.WatchPut && l.Instance.Service != "orders" {
 			t.Errorf("watch orders showed %s/%s", l.Instance.Service, l.Instance.ID)
 		}
 	}
@@ -313,7 +313,7 @@ func TestWatchRideThrough(t *testing.T) {
 	rns := []*regnodetest.Regnode{regnodetest.StartExternal(t, m.ClientURL), regnodetest.StartExternal(t, m.ClientURL)}
 	w := &jsonWatch{watchProc: startWatch(t, "--endpoints", rns[0].Addr+","+rns[1].Addr, "-o", "json", "watch")}
 
-	if l := w.nextJSON(t); l.Type != view.WatchSnapshot || *l.Reset || len(l.Instances) != 0 {
+	if l := w.nextJSON(t); l.Type != render.WatchSnapshot || *l.Reset || len(l.Instances) != 0 {
 		t.Fatalf("first line %+v, want an empty snapshot", l)
 	}
 	// Which regnode serves the stream? It has the one subscriber.
@@ -350,7 +350,7 @@ func TestWatchRideThrough(t *testing.T) {
 	d1 := drain(t, api, "orders", "o-1")
 	wantPut(t, w.nextJSON(t), "o-1", "DRAINING", d1.Revision)
 	x1 := deregister(t, api, "orders", "o-1")
-	if l := w.nextJSON(t); l.Type != view.WatchDelete || l.Service != "orders" || l.ID != "o-1" || l.Revision != x1.Revision {
+	if l := w.nextJSON(t); l.Type != render.WatchDelete || l.Service != "orders" || l.ID != "o-1" || l.Revision != x1.Revision {
 		t.Fatalf("got %+v, want a delete of orders/o-1 at revision %d", l, x1.Revision)
 	}
 	if n := survivor.Node.Hub().Subscribers(); n != 1 {
@@ -463,7 +463,7 @@ func TestWatchWaits(t *testing.T) {
 	m := etcdtest.Start(t, false)
 	regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, Listen: addr}, m.ClientURL)
 	jw := &jsonWatch{watchProc: w}
-	if l := jw.nextJSON(t); l.Type != view.WatchSnapshot || *l.Reset {
+	if l := jw.nextJSON(t); l.Type != render.WatchSnapshot || *l.Reset {
 		t.Fatalf("first line %+v, want a snapshot", l)
 	}
 	w.stop(t, os.Interrupt)
@@ -547,14 +547,14 @@ REV 2  DELETE  orders/a
 		l := checkWatchLine(t, raw)
 		s := l.Type + " " + strconv.FormatInt(l.Revision, 10)
 		switch l.Type {
-		case view.WatchSnapshot:
+		case render.WatchSnapshot:
 			s += " reset=" + strconv.FormatBool(*l.Reset) + " new_epoch=" + strconv.FormatBool(l.NewEpoch)
 			for _, in := range l.Instances {
 				s += " " + in.ID
 			}
-		case view.WatchPut:
+		case render.WatchPut:
 			s += " " + l.Instance.ID + " " + l.Instance.Lifecycle
-		case view.WatchDelete:
+		case render.WatchDelete:
 			s += " " + l.Service + "/" + l.ID
 		}
 		got = append(got, s)

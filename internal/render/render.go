@@ -1,4 +1,4 @@
-// Package view is how the registry's records look to people and scripts:
+// Package render is how the registry's records look to people and scripts:
 // the JSON form of instances, watch events and regnode status (the snake_case
 // field names of DESIGN.md), and the aligned text tables regctl prints.
 //
@@ -15,7 +15,7 @@
 //     lower-case hex strings, as etcdctl prints them, because JSON numbers
 //     above 2^53 lose digits in many decoders (jq, JavaScript);
 //   - revisions and counts are numbers; lists and maps are never null.
-package view
+package render
 
 import (
 	"strconv"

@@ -1,4 +1,4 @@
-package view
+package render
 
 import (
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
