@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
-	"github.com/regcluster/registry/internal/token"
+	"github.com/regcluster/registry/internal/tokenformat"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -36,7 +36,7 @@ func tokenOption(cfg Config, eps []string) (grpc.DialOption, error) {
 	if cfg.Token == "" {
 		return nil, nil
 	}
-	if err := token.Parse(cfg.Token); err != nil {
+	if err := tokenformat.Parse(cfg.Token); err != nil {
 		return nil, fmt.Errorf("Config.Token: %w", err)
 	}
 	if cfg.TLS == nil && !cfg.AllowInsecureToken {

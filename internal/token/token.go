@@ -5,71 +5,30 @@
 // Unauthenticated or PermissionDenied naming the service and the role
 // needed.
 //
-// A token is "regtok_" followed by 32 random bytes in unpadded URL base64:
-// the prefix makes one recognisable in a log, a diff or a secret scanner,
-// and Parse accepts nothing else. The registry stores only Hash of it.
+// The token's text form is package internal/tokenformat's (which the SDK
+// uses without linking etcd); this package names it too.
 package token
 
-import (
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
-	"errors"
-	"fmt"
-	"strings"
-)
+import "github.com/regcluster/registry/internal/tokenformat"
 
 // Prefix starts every token.
-const Prefix = "regtok_"
+const Prefix = tokenformat.Prefix
 
 // SecretBytes is the number of random bytes in a token.
-const SecretBytes = 32
+const SecretBytes = tokenformat.SecretBytes
 
 // Len is the length of every token: Prefix and the base64 of SecretBytes.
-var Len = len(Prefix) + base64.RawURLEncoding.EncodedLen(SecretBytes)
+var Len = tokenformat.Len
 
 // ErrMalformed is wrapped by Parse for a value that is not a token.
-var ErrMalformed = errors.New("not a registry token")
+var ErrMalformed = tokenformat.ErrMalformed
 
-var enc = base64.RawURLEncoding.Strict()
+// New returns a fresh token (tokenformat.New).
+func New() string { return tokenformat.New() }
 
-// New returns a fresh token from crypto/rand.
-func New() string {
-	var b [SecretBytes]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		// crypto/rand does not fail on Go's platforms (it panics itself
-		// since Go 1.24); a token without entropy must never be made.
-		panic(fmt.Sprintf("token: crypto/rand: %v", err))
-	}
-	return Prefix + enc.EncodeToString(b[:])
-}
+// Parse checks that s is exactly a token (tokenformat.Parse); its error
+// never quotes s.
+func Parse(s string) error { return tokenformat.Parse(s) }
 
-// Parse checks that s is exactly a token: Prefix, then SecretBytes in
-// canonical unpadded URL base64, nothing before or after. Its error never
-// quotes s (a mistyped token is still most of a secret).
-func Parse(s string) error {
-	if len(s) != Len {
-		return fmt.Errorf("%w: %d characters, want %d", ErrMalformed, len(s), Len)
-	}
-	body, ok := strings.CutPrefix(s, Prefix)
-	if !ok {
-		return fmt.Errorf("%w: does not start with %q", ErrMalformed, Prefix)
-	}
-	b, err := enc.DecodeString(body)
-	if err != nil || len(b) != SecretBytes {
-		return fmt.Errorf("%w: not %d bytes of unpadded URL base64 after %q", ErrMalformed, SecretBytes, Prefix)
-	}
-	return nil
-}
-
-// Hash is what the registry stores for token s: "sha256:" and the hex
-// SHA-256 of s. No salt or slow KDF is needed: those protect secrets a
-// person chose, which are few enough to guess. A token is 256 random
-// bits, so the hash of a leaked etcd snapshot cannot be reversed or
-// guessed, and checking a call costs one SHA-256 rather than a bcrypt on
-// every request.
-func Hash(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
+// Hash is what the registry stores for token s (tokenformat.Hash).
+func Hash(s string) string { return tokenformat.Hash(s) }
