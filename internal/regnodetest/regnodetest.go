@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,7 +73,17 @@ func StartWith(t testing.TB, cfg node.Config, clientURL string) *Regnode {
 	return rn
 }
 
+// names numbers the regnodes of external etcds that the test did not
+// name: several on one etcd must not share a name (the default is
+// host/listen address, the same "127.0.0.1:0" for all), or settle would
+// take another's candidacy for its own and a later write of theirs
+// would land inside a test's before-and-after.
+var names atomic.Int64
+
 func start(t testing.TB, cfg node.Config, clientURL string) (*Regnode, error) {
+	if cfg.Name == "" && len(cfg.EtcdEndpoints) > 0 {
+		cfg.Name = fmt.Sprintf("rn-%d", names.Add(1))
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
