@@ -124,6 +124,7 @@ type config struct {
 	pickRounds int
 
 	floodN, floodConc, floodCalls, floodInstances, floodCap, floodInFlight int
+	floodModes                                                             []string
 }
 
 func main() {
@@ -202,6 +203,8 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.floodInstances, "flood-instances", 50, "flood: instances of the victim's service")
 	fs.IntVar(&c.floodCap, "flood-cap", 0, "flood: registrations a peer may hold (0: the regnode's default)")
 	fs.IntVar(&c.floodInFlight, "flood-in-flight", 0, "flood: writes of a peer running at once (0: the regnode's default)")
+	modes := fs.String("flood-modes", floodPeer+","+floodToken, "flood: modes to run, in order: "+floodPeer+
+		" (auth off, attacker and victim two peer addresses), "+floodToken+" (--auth, two tokens from one address)")
 
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -265,6 +268,15 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 		default:
 			usage(stderr, fs)
 			return "", nil, fmt.Errorf("-propagate-kinds: unknown kind %q", k)
+		}
+	}
+	for _, m := range strings.Split(*modes, ",") {
+		switch m {
+		case floodPeer, floodToken:
+			c.floodModes = append(c.floodModes, m)
+		default:
+			usage(stderr, fs)
+			return "", nil, fmt.Errorf("-flood-modes: unknown mode %q", m)
 		}
 	}
 	if name != "all" && find(name) == nil {

@@ -59,11 +59,7 @@ var fields = map[string][]field{
 		{"baseline/round_robin/N=2/bytes_per_op", false},
 		{"ratio/round_robin/N=2/ns_per_op", true},
 	},
-	"flood": {
-		{"ours/attacker/accepted", true}, {"ours/attacker/limited", true}, {"ours/attacker/limited_registrations", true},
-		{"ours/victim_list/latency_ms/n", true}, {"baseline/idle/victim_list/latency_ms/n", true},
-		{"ratio/idle/victim_list/latency_ms/p99", true},
-	},
+	"flood": floodFields(floodPeer, floodToken),
 	"failover": {
 		{"ours/B=2/calls", true}, {"ours/B=2/failed_calls", false}, {"ours/B=2/success_ratio", true},
 		{"baseline/rr_registry/B=2/calls", true}, {"baseline/rr_registry/B=2/failed_calls", false},
@@ -72,6 +68,19 @@ var fields = map[string][]field{
 		{"baseline/rr_etcd_naming/B=2/success_ratio", true},
 		{"ours/B=2/removal_ms/n", true}, {"ours/B=2/retries", false}, {"ours/B=2/retry_budget_exhausted", false},
 	},
+}
+
+// floodFields are the figures flood reports in each of modes.
+func floodFields(modes ...string) []field {
+	var fs []field
+	for _, m := range modes {
+		a, v := m+":attacker/", m+":victim_list/"
+		fs = append(fs, field{"ours/" + a + "accepted", true}, field{"ours/" + a + "limited", true},
+			field{"ours/" + a + "limited_registrations", true}, field{"ours/" + a + "regnode_limited_total", true},
+			field{"ours/" + v + "latency_ms/n", true}, field{"baseline/idle/" + v + "latency_ms/n", true},
+			field{"ratio/idle/" + v + "latency_ms/p99", true})
+	}
+	return fs
 }
 
 // at returns the number at a slash-separated path of a decoded JSON object.
@@ -104,22 +113,30 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 		}
 	}
 	if scenario == "flood" {
-		// Counts, not durations: the attacker's flood is refused past its
-		// cap, all of it accounted for, and every call of the victim's
-		// succeeded, idle and during the flood.
-		sent, _ := at(obj, "ours/attacker/sent")
-		accepted, _ := at(obj, "ours/attacker/accepted")
-		limited, _ := at(obj, "ours/attacker/limited")
-		if sent != 120 || accepted+limited != sent || accepted > 40 {
-			t.Errorf("flood: attacker sent %v, %v accepted, %v limited; want 120 sent, at most the cap of 40 accepted, the rest limited", sent, accepted, limited)
-		}
-		for _, p := range []string{"ours/victim_list/failed", "baseline/idle/victim_list/failed"} {
-			if v, ok := at(obj, p); !ok || v != 0 {
-				t.Errorf("flood: %s = %v (present %v), want 0", p, v, ok)
+		// Counts, not durations, in each mode: the attacker's flood is
+		// refused past its cap, all of it accounted for, and every call of
+		// the victim's succeeded, idle, during the flood and after it (its
+		// Registers, refused if the attacker's buckets were the victim's).
+		for _, mode := range []string{floodPeer, floodToken} {
+			a, v := "ours/"+mode+":attacker/", mode+":victim_list/"
+			sent, _ := at(obj, a+"sent")
+			accepted, _ := at(obj, a+"accepted")
+			limited, _ := at(obj, a+"limited")
+			if sent != 120 || accepted+limited != sent || accepted > 40 || limited == 0 {
+				t.Errorf("flood %s: attacker sent %v, %v accepted, %v limited; want 120 sent, at most the cap of 40 accepted, the rest limited",
+					mode, sent, accepted, limited)
 			}
-		}
-		if idle, _ := at(obj, "baseline/idle/victim_list/latency_ms/n"); idle != 20 {
-			t.Errorf("flood: %v idle Lists measured, want all 20", idle)
+			for _, p := range []string{"ours/" + v + "failed", "baseline/idle/" + v + "failed", "ours/" + v + "registers_after_flood_failed"} {
+				if n, ok := at(obj, p); !ok || n != 0 {
+					t.Errorf("flood %s: %s = %v (present %v), want 0", mode, p, n, ok)
+				}
+			}
+			if n, _ := at(obj, "ours/"+v+"registers_after_flood"); n != 5 {
+				t.Errorf("flood %s: %v Registers after the flood, want 5", mode, n)
+			}
+			if idle, _ := at(obj, "baseline/idle/"+v+"latency_ms/n"); idle != 20 {
+				t.Errorf("flood %s: %v idle Lists measured, want all 20", mode, idle)
+			}
 		}
 	}
 	if scenario != "failover" {
