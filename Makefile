@@ -35,8 +35,9 @@ test:
 
 ## bench: registration throughput, ours against raw etcd, side by side; one
 ## pick of our balancer against grpc's round_robin; then every regbench
-## scenario in its short form, flood included (a peer's List latency while
-## another floods Registers, against idle); table on stderr, JSON lines in
+## scenario in its short form, flood included (a caller's List latency while
+## another floods Registers, against idle; told apart by peer address, then
+## with --auth by token alone); table on stderr, JSON lines in
 ## bench.json
 bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./server/

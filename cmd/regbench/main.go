@@ -201,8 +201,8 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.floodConc, "flood-conc", 64, "flood: the attacker's Registers in flight")
 	fs.IntVar(&c.floodCalls, "flood-calls", 500, "flood: the victim's Lists while idle (during the flood it lists until the flood is over)")
 	fs.IntVar(&c.floodInstances, "flood-instances", 50, "flood: instances of the victim's service")
-	fs.IntVar(&c.floodCap, "flood-cap", 0, "flood: registrations a peer may hold (0: the regnode's default)")
-	fs.IntVar(&c.floodInFlight, "flood-in-flight", 0, "flood: writes of a peer running at once (0: the regnode's default)")
+	fs.IntVar(&c.floodCap, "flood-cap", 0, "flood: registrations a peer (or token) may hold (0: the regnode's default)")
+	fs.IntVar(&c.floodInFlight, "flood-in-flight", 0, "flood: writes of a peer (or token) running at once (0: the regnode's default)")
 	modes := fs.String("flood-modes", floodPeer+","+floodToken, "flood: modes to run, in order: "+floodPeer+
 		" (auth off, attacker and victim two peer addresses), "+floodToken+" (--auth, two tokens from one address)")
 
