@@ -163,10 +163,17 @@ func (b *apiBackend) KeepAlive(ctx context.Context, o lease.Owner) (time.Duratio
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.stream == nil {
+		// The stream outlives this call, but opening it is bounded by
+		// the call: grpc may wait for a regnode to pick (all of them
+		// stalled or paused), and a renewal must not wait past its ctx.
 		sctx, cancel := context.WithCancel(context.Background())
+		stopOpen := context.AfterFunc(ctx, cancel)
 		s, err := b.api.KeepAlive(sctx)
-		if err != nil {
+		if !stopOpen() || err != nil {
 			cancel()
+			if err == nil || ctx.Err() != nil {
+				err = ctx.Err()
+			}
 			return 0, fmt.Errorf("open keepalive stream: %w", FromStatus(err))
 		}
 		b.stream, b.cancel = s, cancel
