@@ -30,7 +30,10 @@ const childArg = "__regbench-subscribers"
 
 // childMain runs S subscribers of one kind:
 //
-//	__regbench-subscribers ours|etcd ENDPOINT SERVICE S
+//	__regbench-subscribers ours|etcd ENDPOINT SERVICE S CLIENTS
+//
+// (the S subscriptions spread over CLIENTS SDK clients, or the S etcd
+// watchers over CLIENTS clientv3 clients).
 //
 // It prints "warm" once connected (with one subscriber, so the connection
 // is not counted per subscriber) and waits for "go" on stdin; then
@@ -48,13 +51,17 @@ func childMain(args []string, stdin io.Reader, stdout io.Writer) int {
 }
 
 func child(args []string, stdin io.Reader, stdout io.Writer) error {
-	if len(args) != 4 {
-		return fmt.Errorf("want ours|etcd ENDPOINT SERVICE S, got %q", args)
+	if len(args) != 5 {
+		return fmt.Errorf("want ours|etcd ENDPOINT SERVICE S CLIENTS, got %q", args)
 	}
 	kind, endpoint, service := args[0], args[1], args[2]
 	S, err := strconv.Atoi(args[3])
 	if err != nil || S < 1 {
 		return fmt.Errorf("S: %q", args[3])
+	}
+	K, err := strconv.Atoi(args[4])
+	if err != nil || K < 1 {
+		return fmt.Errorf("CLIENTS: %q", args[4])
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -66,11 +73,18 @@ func child(args []string, stdin io.Reader, stdout io.Writer) error {
 	var wait func() error
 	switch kind {
 	case "ours":
-		c, err := regClient(e, endpoint)
-		if err != nil {
-			return err
+		// Subscription i rides client i mod K: a Client's subscriptions
+		// of one service share one feed, one subscriber on the regnode.
+		clients := make([]*client.Client, 0, K)
+		for range K {
+			c, err := regClient(e, endpoint)
+			if err != nil {
+				return err
+			}
+			e.onClose(func() { c.Close() })
+			clients = append(clients, c)
 		}
-		e.onClose(func() { c.Close() })
+		c := clients[0]
 		var subs []*client.Subscription
 		e.onClose(func() {
 			for _, s := range subs {
@@ -86,7 +100,7 @@ func child(args []string, stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 		start = func(i int) error {
-			s, err := c.Subscribe(ctx, service, client.SubscribeOptions{OnChange: func(ch client.Change) { revs[i].Store(ch.Revision) }})
+			s, err := clients[i%K].Subscribe(ctx, service, client.SubscribeOptions{OnChange: func(ch client.Change) { revs[i].Store(ch.Revision) }})
 			if err == nil {
 				subs = append(subs, s)
 			}
@@ -101,12 +115,17 @@ func child(args []string, stdin io.Reader, stdout io.Writer) error {
 			return nil
 		}
 	case "etcd":
-		c, err := etcdClient(sideClient, endpoint, nil)
-		if err != nil {
-			return err
+		// Watcher i on clientv3 client i mod K (one watch stream each).
+		clients := make([]*clientv3.Client, 0, K)
+		for range K {
+			c, err := etcdClient(sideClient, endpoint, nil)
+			if err != nil {
+				return err
+			}
+			e.onClose(func() { c.Close() })
+			clients = append(clients, c)
 		}
-		e.onClose(func() { c.Close() })
-		ws := newWatchers(ctx, func(int) *clientv3.Client { return c }, record.NewKeys(directPrefix), service)
+		ws := newWatchers(ctx, func(i int) *clientv3.Client { return clients[i%K] }, record.NewKeys(directPrefix), service)
 		e.onClose(ws.stop)
 		if err := ws.start(1, func(int, int64, time.Time) {}); err != nil {
 			return err
@@ -195,12 +214,12 @@ type subscriberProc struct {
 
 // startSubscribers starts the child and waits until it is connected.
 // go_ lets it subscribe and waits for "ready".
-func startSubscribers(ctx context.Context, kind, endpoint, service string, S int) (*subscriberProc, error) {
+func startSubscribers(ctx context.Context, kind, endpoint, service string, S, clients int) (*subscriberProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe, childArg, kind, endpoint, service, strconv.Itoa(S))
+	cmd := exec.CommandContext(ctx, exe, childArg, kind, endpoint, service, strconv.Itoa(S), strconv.Itoa(clients))
 	cmd.Stderr = os.Stderr
 	cmd.WaitDelay = 5 * time.Second
 	in, err := cmd.StdinPipe()

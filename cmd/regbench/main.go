@@ -112,9 +112,10 @@ type config struct {
 	foBackends, foTrials, foConns, foRPS int
 	foProbe, foWork, foReroute           time.Duration
 
-	fanSubs int
-	fanRate float64
-	fanDur  time.Duration
+	fanSubs    int
+	fanRate    float64
+	fanDur     time.Duration
+	fanClients int // clients the child's subscribers (either side) are spread over
 
 	resyncN       int
 	resyncRepeats int
@@ -189,6 +190,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.fanSubs, "fanout-subs", 10000, "fanout: subscribers on one regnode")
 	fs.Float64Var(&c.fanRate, "fanout-rate", 20, "fanout: changes per second during the CPU phase")
 	fs.DurationVar(&c.fanDur, "fanout-duration", 10*time.Second, "fanout: length of the CPU phase")
+	fs.IntVar(&c.fanClients, "fanout-clients", 1, "fanout: clients the child process spreads its subscriptions (SDK clients) and etcd watchers (clientv3 clients) over; one SDK client's subscriptions of a service share one subscriber on the regnode, so S gives the regnode S")
 
 	fs.IntVar(&c.resyncN, "resync-instances", 100000, "resync: instances in etcd")
 	fs.IntVar(&c.resyncRepeats, "resync-repeats", 3, "resync: repeats of each measure")

@@ -33,9 +33,10 @@ var tiny = map[string][]string{
 	"compaction": {"-compaction-subs", "2", "-compaction-churn", "24", "-compaction-ring", "8",
 		"-compaction-wait", "3s", "-propagate-instances", "4"},
 	"failover": {"-failover-backends", "2", "-failover-trials", "1", "-failover-conns", "1", "-failover-rps", "20"},
-	"fanout":   {"-fanout-subs", "8", "-fanout-rate", "20", "-fanout-duration", "300ms", "-propagate-instances", "4"},
-	"resync":   {"-resync-instances", "300", "-resync-repeats", "1"},
-	"pick":     {"-pick-endpoints", "2", "-pick-ops", "2000", "-pick-rounds", "1"},
+	"fanout": {"-fanout-subs", "8", "-fanout-rate", "20", "-fanout-duration", "300ms", "-propagate-instances", "4",
+		"-fanout-clients", "3"},
+	"resync": {"-resync-instances", "300", "-resync-repeats", "1"},
+	"pick":   {"-pick-endpoints", "2", "-pick-ops", "2000", "-pick-rounds", "1"},
 	// The default limits but a cap of 40 registrations: 120 Registers
 	// from the attacker are limited without thousands of etcd writes.
 	"flood": {"-flood-registers", "120", "-flood-conc", "8", "-flood-cap", "40", "-flood-calls", "20", "-flood-instances", "5"},

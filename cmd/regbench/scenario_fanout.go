@@ -33,7 +33,9 @@ var (
 )
 
 // runFanout: S subscribers on one regnode, all through ONE SDK client (one
-// gRPC ClientConn, S Watch streams on it), against S etcd watchers on ONE
+// gRPC ClientConn, one Subscribe stream; its S subscriptions of the
+// service share one feed, so the regnode serves one subscriber unless
+// -fanout-clients spreads the child's over more clients), against S etcd watchers on ONE
 // clientv3 client (one gRPC watch stream, S watchers on it). Measured:
 // memory per subscriber and CPU at a steady change rate. Memory is read
 // twice: with the subscribers in this process (RSS and Go heap of both
@@ -48,6 +50,7 @@ func runFanout(ctx context.Context, e *env) (*Result, error) {
 	r.param("instances", cfg.propInstances)
 	r.param("rate_per_s", cfg.fanRate)
 	r.param("cpu_phase_s", cfg.fanDur.Seconds())
+	r.param("child_sdk_clients", cfg.fanClients)
 	cs := fmt.Sprintf("S=%d", S)
 	const base = kindWatch
 
@@ -192,7 +195,7 @@ func runFanout(ctx context.Context, e *env) (*Result, error) {
 			server = []string{sideEtcd}
 		}
 		e.progress.set("%s: starting a process of %d subscribers", kind, S)
-		proc, err := startSubscribers(ctx, kind, endpoint, service, S)
+		proc, err := startSubscribers(ctx, kind, endpoint, service, S, cfg.fanClients)
 		if err != nil {
 			return r, err
 		}
@@ -228,7 +231,7 @@ func runFanout(ctx context.Context, e *env) (*Result, error) {
 	r.target("whole-process RSS per subscriber (regnode AND, in the same process, each subscriber's own cache, stream and goroutines)", "<= 10 KiB", fmt.Sprintf("%.2f KiB", rss), rss <= 10)
 	r.note("memory, subscribers in this process: before/after subscribing S, each after two GCs and debug.FreeOSMemory: rss = VmRSS delta / S, heap = HeapInuse delta / S, stack = StackInuse delta / S. server/client_heap: the heap delta split by allocation stack from the Go heap profile taken with runtime.MemProfileRate = 1 while subscribing (every allocation recorded): grpc server transport/streams, regnode's server and fan-out (baseline: etcd's server packages) → server; SDK, grpc client transport/streams (baseline: clientv3) → client. Goroutines per subscriber are counted by pprof label")
 	r.note("memory, subscribers in a child process (regbench re-executed): server_rss = this process's VmRSS delta / S, i.e. the regnode (baseline: etcd) alone, stacks included; client_rss = the child's own VmRSS delta / S")
-	r.note("one connection: ours = client.New once and Subscribe S times (one gRPC ClientConn, S Watch streams); baseline = one clientv3.Client with S Watch calls (clientv3 puts them on one gRPC watch stream; etcd holds S watchers). Each opened one subscription before measuring so the connection is not counted")
+	r.note("one connection: ours = client.New once and Subscribe S times (one gRPC ClientConn, one Subscribe stream, one feed of the service shared by the S subscriptions: the regnode holds one subscriber; in the child process -fanout-clients=%d clients, so the regnode holds that many subscribers, and the RSS of all but the first client's connection counts per subscriber); baseline = one clientv3.Client with S Watch calls (clientv3 puts them on one gRPC watch stream; etcd holds S watchers), in the child spread over as many clientv3 clients. Each opened one subscription before measuring so the connection is not counted", cfg.fanClients)
 	r.note("cpu (subscribers in the child): cpu_server_cores from a CPU profile of this process over the phase, by pprof label (regnode + etcd for ours, etcd for the baseline; every goroutine runs under a label naming its component); cpu_process_cores = getrusage of this process (adds the writer); cpu_client_cores = getrusage of the child. all_subs_ms: commit → the moment every subscriber's view had the change (the child polls all S every 1ms)")
 	return r, nil
 }
