@@ -137,6 +137,13 @@ type Config struct {
 	// else user root with a password generated on the first start and
 	// kept in the data dir (RootPasswordFile, mode 0600).
 	EmbedAuth bool
+	// GroupCommit commits concurrent Registers as one etcd Txn
+	// (internal/txnbatch; --group-commit). Off by default: with it, the
+	// fault suite's paused prober leader (integration
+	// TestPauseProberLeader) loses an open registration's record about one
+	// run in six, a violation of "a live instance comes back by itself"
+	// not yet explained; without it, in the same runs, none.
+	GroupCommit bool
 	// Auth turns scoped tokens on (--auth): every registry.v1 call needs
 	// a token whose role and scope allow it (see package token). The
 	// first start writes an admin token to AdminTokenFile.
@@ -418,22 +425,26 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 
 	n.metrics = metrics.New()
 	// Registration past raw etcd: leases taken from a pool granted ahead,
-	// concurrent registrations' writes committed as one Txn, renewals on
-	// one stream.
+	// renewals on one stream, and with GroupCommit concurrent
+	// registrations' writes committed as one Txn.
 	n.renew = leasepool.NewRenewer(n.cli, n.log)
 	pc := leasepool.DefaultConfig()
 	pc.Client, pc.Renewer, pc.Logger = n.cli, n.renew, n.log
 	if n.leases, err = leasepool.New(pc); err != nil {
 		return nil, err
 	}
-	bc := txnbatch.DefaultConfig()
-	bc.Client, bc.Logger = n.cli, n.log
-	if n.commit, err = txnbatch.New(bc); err != nil {
-		return nil, err
-	}
-	st, err := store.New(store.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
+	sc := store.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
 		OnJunk: func(string, error) { n.metrics.JunkSkipped.Inc() },
-		Leases: n.leases, Commit: n.commit, Renew: n.renew})
+		Leases: n.leases, Renew: n.renew}
+	if cfg.GroupCommit {
+		bc := txnbatch.DefaultConfig()
+		bc.Client, bc.Logger = n.cli, n.log
+		if n.commit, err = txnbatch.New(bc); err != nil {
+			return nil, err
+		}
+		sc.Commit = n.commit
+	}
+	st, err := store.New(sc)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/health"
@@ -218,6 +219,10 @@ func (w *writer) work(ctx context.Context) {
 	}
 }
 
+// errLanded is a transition found already in etcd when it is written
+// again (after a try whose answer was lost).
+var errLanded = errors.New("the transition is already in etcd")
+
 // write writes one transition; it returns true if it should be written
 // again (etcd trouble), false when it landed or never will.
 func (w *writer) write(ctx context.Context, key cache.Key, s *slot, j *job, base *registryv1.Instance, hint store.StateHint) bool {
@@ -226,6 +231,12 @@ func (w *writer) write(ctx context.Context, key cache.Key, s *slot, j *job, base
 	next, hint, err := w.st.UpdateFrom(wctx, base, hint, w.guard, func(in *registryv1.Instance) error {
 		if in.CreateRevision != j.create {
 			return fmt.Errorf("%s/%s was registered anew: %w", key.Service, key.ID, record.ErrNotFound)
+		}
+		if proto.Equal(in.Health, j.health) {
+			// An earlier try landed although its answer was lost (a
+			// timeout): writing it again would be a put that is no
+			// transition.
+			return errLanded
 		}
 		in.Health = j.health
 		return nil
@@ -242,6 +253,8 @@ func (w *writer) write(ctx context.Context, key cache.Key, s *slot, j *job, base
 	}
 	w.mu.Unlock()
 	switch {
+	case errors.Is(err, errLanded):
+		return false
 	case err == nil:
 		if w.onLanded != nil {
 			w.onLanded(j.tr)
