@@ -166,3 +166,106 @@ func (s *Store) decodeCurrent(key, service, id string, ikv *mvccpb.KeyValue) (*r
 	}
 	return cur, nil
 }
+
+// Update applies fn to the current record of service/id and writes the
+// result with compare-and-swap on its mod_revision, keeping its lease. On a
+// conflict it reads again and reapplies fn, so concurrent writers never lose
+// an update. fn may return an error to abort; a missing or junk record
+// returns an error wrapping record.ErrNotFound.
+func (s *Store) Update(ctx context.Context, service, id string, fn func(*registryv1.Instance) error) (*registryv1.Instance, int64, error) {
+	return s.UpdateIf(ctx, service, id, nil, fn)
+}
+
+// UpdateIf is Update with a guard: the write also requires every compare of
+// guard (the prober's fence). When the guard fails the write does not land
+// and UpdateIf returns an error wrapping ErrGuard, at once.
+func (s *Store) UpdateIf(ctx context.Context, service, id string, guard []clientv3.Cmp, fn func(*registryv1.Instance) error) (*registryv1.Instance, int64, error) {
+	if err := record.ValidService(service); err != nil {
+		return nil, 0, err
+	}
+	if err := record.ValidID(id); err != nil {
+		return nil, 0, err
+	}
+	key := s.keys.Instance(service, id)
+	for {
+		// The saved state is read with the record: its owner (the
+		// secret's hash) must be written back unchanged.
+		ikv, skv, _, err := s.read(ctx, service, id)
+		if err != nil {
+			return nil, 0, fmt.Errorf("update %s: %w", key, err)
+		}
+		if ikv == nil {
+			return nil, 0, fmt.Errorf("%s/%s: %w", service, id, record.ErrNotFound)
+		}
+		cur, err := s.keys.Decode(key, ikv.Value, ikv.CreateRevision, ikv.ModRevision)
+		if err != nil {
+			s.junk(key, err)
+			return nil, 0, fmt.Errorf("%s/%s: %w (the stored record is junk)", service, id, record.ErrNotFound)
+		}
+		next := proto.CloneOf(cur)
+		if err := fn(next); err != nil {
+			return nil, 0, err
+		}
+		record.StampRoutable(cur, next, s.now())
+		if err := record.Validate(next); err != nil {
+			return nil, 0, err
+		}
+		if proto.Equal(cur, next) {
+			return cur, cur.ModRevision, nil // nothing to write
+		}
+		val, err := record.Encode(next)
+		if err != nil {
+			return nil, 0, err
+		}
+		sval, err := encodeState(next, s.owner(service, id, skv))
+		if err != nil {
+			return nil, 0, err
+		}
+		// The saved state follows the record in the same txn, so it is
+		// always the state of the latest record (see StateKey). Every
+		// write of the state also writes the record, so comparing the
+		// record's revision covers the owner read with it.
+		cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)}, guard...)
+		resp, err := s.cli.Txn(ctx).If(cmps...).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease()),
+				clientv3.OpPut(s.StateKey(service, id), sval)).
+			Commit()
+		if err != nil {
+			return nil, 0, fmt.Errorf("update %s: %w", key, err)
+		}
+		if resp.Succeeded {
+			next.ModRevision = resp.Header.Revision
+			return next, resp.Header.Revision, nil
+		}
+		if len(guard) > 0 {
+			// Which compare failed: the guard ends the update, a
+			// concurrent write only retries it.
+			g, err := s.cli.Txn(ctx).If(guard...).Commit()
+			if err != nil {
+				return nil, 0, fmt.Errorf("update %s: check guard: %w", key, err)
+			}
+			if !g.Succeeded {
+				return nil, 0, fmt.Errorf("update %s: %w", key, ErrGuard)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, 0, fmt.Errorf("update %s: %w", key, err)
+		}
+	}
+}
+
+// SetLifecycle writes lifecycle (and its reason) on service/id with
+// compare-and-swap. Draining is how a live instance leaves rotation.
+func (s *Store) SetLifecycle(ctx context.Context, service, id string, lc registryv1.Lifecycle, reason string) (*registryv1.Instance, int64, error) {
+	if _, ok := registryv1.Lifecycle_name[int32(lc)]; !ok || lc == registryv1.Lifecycle_LIFECYCLE_UNSPECIFIED {
+		return nil, 0, &record.FieldError{Field: "lifecycle", Reason: fmt.Sprintf("unknown value %d", lc)}
+	}
+	if len(reason) > record.MaxReasonLen {
+		return nil, 0, &record.FieldError{Field: "reason", Reason: fmt.Sprintf("%d bytes, at most %d", len(reason), record.MaxReasonLen)}
+	}
+	return s.Update(ctx, service, id, func(in *registryv1.Instance) error {
+		in.Lifecycle = lc
+		in.LifecycleReason = reason
+		return nil
+	})
+}

@@ -1,0 +1,239 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/regcluster/registry/health"
+	"github.com/regcluster/registry/internal/chunk"
+	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/peerlimit"
+	"github.com/regcluster/registry/internal/tlsfiles"
+	"github.com/regcluster/registry/record"
+)
+
+// Config is everything a regnode needs. DefaultConfig gives the values of
+// `regnode` with no flags.
+type Config struct {
+	// Listen is the API address (default 127.0.0.1:7400; port 0 picks one).
+	Listen string
+	// MetricsListen serves /metrics (default 127.0.0.1:7401; "off"
+	// disables it; port 0 picks one).
+	MetricsListen string
+	// EtcdEndpoints, if set, makes this regnode a client of that external
+	// etcd cluster; Embed is then ignored.
+	EtcdEndpoints []string
+	// Embed configures the embedded etcd member.
+	Embed embedded.Config
+	// Name is this regnode's name (default: the embedded member's name, or
+	// the host name).
+	Name string
+	// Prefix is the key prefix (default /registry/v1/).
+	Prefix string
+	// SessionTTL is the prober election session TTL (default 10s).
+	SessionTTL time.Duration
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// ProbeInterval is how often the prober checks an instance whose check
+	// does not say (default 1s).
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds a probe whose check does not say (default 500ms).
+	ProbeTimeout time.Duration
+	// ProbeConcurrency bounds probes in flight (default 64).
+	ProbeConcurrency int
+	// Thresholds are the global health thresholds (default
+	// health.DefaultThresholds()); an instance's check overrides them.
+	Thresholds health.Thresholds
+	// RingSize bounds the recent events kept for resuming subscribers
+	// (default 10000).
+	RingSize int
+	// QueueSize bounds each subscriber's queue before it is reset
+	// (default 1024).
+	QueueSize int
+	// ShutdownGrace bounds how long Close lets calls in flight finish
+	// before closing streams (default 2s).
+	ShutdownGrace time.Duration
+	// Limits are the per-peer rate limits and stream caps (zero:
+	// peerlimit.DefaultConfig()).
+	Limits peerlimit.Config
+	// MaxConcurrentStreams caps the streams (calls in flight, Watch and
+	// KeepAlive streams included) of one client connection to the API
+	// (--max-concurrent-streams, etcd's name; 0: DefaultMaxConcurrentStreams).
+	// It is HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a grpc-go client
+	// past it waits for a stream to end; a client that ignores it has
+	// the extra stream refused (RST_STREAM REFUSED_STREAM).
+	MaxConcurrentStreams uint32
+	// MaxRequestBytes caps one message a client sends to the API
+	// (--max-request-bytes, etcd's name; 0: DefaultMaxRequestBytes); a
+	// larger one is refused by grpc-go with ResourceExhausted before it
+	// is decoded.
+	MaxRequestBytes int
+	// MaxResponseBytes caps one message the API sends (--max-response-bytes;
+	// 0: DefaultMaxResponseBytes). List pages and Watch chunks are at most
+	// about chunk.MaxBytes, so it is a backstop, never met by a working
+	// regnode.
+	MaxResponseBytes int
+	// OperatorDeregister says who may Deregister without the
+	// registration's secret: "loopback" (default: callers on this host)
+	// or "none".
+	OperatorDeregister string
+
+	// TLS serves the API and the HTTP port (metrics) over TLS, with etcd's
+	// flags and meanings (--cert-file, --key-file, --trusted-ca-file,
+	// --client-cert-auth); the files are re-read when they change (see
+	// package tlsfiles), connections already made are kept.
+	TLS tlsfiles.Server
+	// Insecure lets a listener on a non-loopback address serve without
+	// TLS; without it such a regnode refuses to start.
+	Insecure bool
+	// EtcdTLS is this regnode's TLS as a client of etcd (--etcd-cacert,
+	// --etcd-cert, --etcd-key): of the external cluster, or of its own
+	// embedded member when that serves https.
+	EtcdTLS tlsfiles.Client
+	// EtcdUsername and EtcdPassword authenticate this regnode to an etcd
+	// with auth enabled (--etcd-username; the password from
+	// --etcd-password-file or REGNODE_ETCD_PASSWORD, never a flag).
+	EtcdUsername, EtcdPassword string
+	// EmbedAuth turns etcd's auth on at the embedded member
+	// (--etcd-server-auth), so its client port refuses clients without
+	// credentials. The regnode's credential is EtcdUsername and
+	// EtcdPassword if set (give every regnode of a cluster the same),
+	// else user root with a password generated on the first start and
+	// kept in the data dir (RootPasswordFile, mode 0600).
+	EmbedAuth bool
+	// GroupCommit commits concurrent Registers as one etcd Txn
+	// (internal/txnbatch; --group-commit). Off by default: with it, the
+	// fault suite's paused prober leader (integration
+	// TestPauseProberLeader) loses an open registration's record about one
+	// run in six, a violation of "a live instance comes back by itself"
+	// not yet explained; without it, in the same runs, none.
+	GroupCommit bool
+	// Auth turns scoped tokens on (--auth): every registry.v1 call needs
+	// a token whose role and scope allow it (see package token). The
+	// first start writes an admin token to AdminTokenFile.
+	Auth bool
+	// AdminTokenFile is where the first admin token is written (default
+	// <data dir>/admin-token, with an external etcd too).
+	AdminTokenFile string
+}
+
+// Keepalive on the API. A subscriber whose machine vanished (or whose
+// connection is half-open) holds a Watch stream and a fan-out queue until
+// the transport notices: the server pings a connection idle for
+// keepaliveServer.Time and closes it when no answer comes within Timeout.
+// Clients ping too (package client: every 10s, grpc-go's floor); the
+// policy lets them, streams or not, as often as every 5s.
+var (
+	keepaliveEnforcement = keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}
+	keepaliveServer      = keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}
+)
+
+// The API's message and stream limits with no flags.
+//
+// Requests are small: the largest is a Register of one record of at most
+// record.MaxRecordSize (16 KiB) plus a secret and a TTL, so 64 KiB holds
+// any valid request four times over, and a client cannot make the regnode
+// buffer and decode megabytes (grpc-go's default is 4 MiB) to be told the
+// record is too large. Responses are bounded by chunk.MaxBytes (1 MiB) per
+// List page or Watch message; the send cap is what clients accept
+// (chunk.RecvLimit, 4 MiB), instead of grpc-go's unbounded default. The
+// streams of one connection are capped above the per-peer stream cap
+// (4096 Watch and KeepAlive streams), leaving room for unary calls in
+// flight: the SDK puts every registration's KeepAlive and every
+// subscription's Watch of a process on one connection.
+const (
+	DefaultMaxConcurrentStreams = 5000
+	DefaultMaxRequestBytes      = 64 << 10
+	DefaultMaxResponseBytes     = chunk.RecvLimit
+	// MinRequestBytes is the least --max-request-bytes can be: a Register
+	// of a record at record.MaxRecordSize must fit, with room to spare.
+	MinRequestBytes = 2 * record.MaxRecordSize
+	// MinResponseBytes is the least --max-response-bytes can be: a List
+	// page or Watch chunk (chunk.MaxBytes), with room to spare.
+	MinResponseBytes = 2 * chunk.MaxBytes
+)
+
+// DefaultConfig is `regnode` with no flags.
+func DefaultConfig() Config {
+	return Config{
+		Listen:        "127.0.0.1:7400",
+		MetricsListen: "127.0.0.1:7401",
+		Embed:         embedded.Config{Name: "default", Dir: "regnode.data"},
+		Prefix:        record.DefaultPrefix,
+		SessionTTL:    10 * time.Second,
+		ShutdownGrace: 2 * time.Second,
+		ProbeInterval: time.Second,
+		ProbeTimeout:  500 * time.Millisecond,
+		// Zero values keep working (each component fills its own
+		// default); these are the same, stated once so the flags show them.
+		ProbeConcurrency: 64,
+		RingSize:         10000,
+		QueueSize:        1024,
+		Thresholds:       health.DefaultThresholds(),
+		Limits:           peerlimit.DefaultConfig(),
+
+		MaxConcurrentStreams: DefaultMaxConcurrentStreams,
+		MaxRequestBytes:      DefaultMaxRequestBytes,
+		MaxResponseBytes:     DefaultMaxResponseBytes,
+
+		OperatorDeregister: "loopback",
+	}
+}
+
+// Validate reports the first setting that cannot work.
+func (c *Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("--listen %q is not host:port", c.Listen)
+	}
+	if c.MetricsListen != "off" && c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen %q is not host:port (or \"off\")", c.MetricsListen)
+		}
+	}
+	for _, ep := range c.EtcdEndpoints {
+		if strings.TrimSpace(ep) == "" {
+			return errors.New("--etcd-endpoints has an empty entry")
+		}
+	}
+	if c.SessionTTL != 0 && (c.SessionTTL < 2*time.Second || c.SessionTTL > time.Minute) {
+		return fmt.Errorf("--session-ttl %s is outside 2s..1m", c.SessionTTL)
+	}
+	if c.Prefix != "" && !strings.HasPrefix(c.Prefix, "/") {
+		return fmt.Errorf("--prefix %q must start with '/'", c.Prefix)
+	}
+	if c.ProbeInterval != 0 && c.ProbeInterval < 100*time.Millisecond {
+		return fmt.Errorf("--probe-interval %s is below the 100ms floor", c.ProbeInterval)
+	}
+	if c.ProbeTimeout < 0 || c.ProbeConcurrency < 0 {
+		return errors.New("--probe-timeout and --probe-concurrency must not be negative")
+	}
+	if c.RingSize < 0 || c.QueueSize < 0 {
+		return errors.New("--watch-ring-size and --watch-queue-size must not be negative")
+	}
+	if c.Thresholds != (health.Thresholds{}) {
+		if err := c.Thresholds.Validate(); err != nil {
+			return fmt.Errorf("health thresholds: %w", err)
+		}
+	}
+	if c.Limits != (peerlimit.Config{}) {
+		if err := c.Limits.Validate(); err != nil {
+			return err
+		}
+	}
+	if err := c.validateAPILimits(); err != nil {
+		return err
+	}
+	if s := c.OperatorDeregister; s != "" && s != "loopback" && s != "none" {
+		return fmt.Errorf("--operator-deregister %q must be loopback or none", s)
+	}
+	if s := c.Embed.ClusterState; s != "" && s != "new" && s != "existing" {
+		return fmt.Errorf("--initial-cluster-state %q must be new or existing", s)
+	}
+	return c.validateSecurity()
+}

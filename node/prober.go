@@ -1,0 +1,74 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/regcluster/registry/election"
+	"github.com/regcluster/registry/health"
+	"github.com/regcluster/registry/probe"
+	"github.com/regcluster/registry/prober"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/store"
+)
+
+// startProber runs the prober election: while this regnode leads, it
+// health-checks every instance with a check.
+func (n *Node) startProber(cfg Config, st *store.Store) error {
+	m := n.metrics
+	n.probe = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log})
+	pr, err := prober.New(prober.Config{Store: st, View: n.hub.Cache().Snapshot, Probe: n.probe,
+		Thresholds: cfg.Thresholds, Interval: cfg.ProbeInterval, Concurrency: cfg.ProbeConcurrency,
+		Node: cfg.Name, Logger: n.log,
+		OnProbe: func(o health.Outcome, d time.Duration) {
+			m.Probes.WithLabelValues(strings.ToLower(o.String())).Inc()
+			m.ProbeSeconds.Observe(d.Seconds())
+		},
+		OnTransition: func(tr health.Transition) {
+			m.Transitions.WithLabelValues(view(tr.From), view(tr.To)).Inc()
+		},
+		OnFenced: m.FenceRejections.Inc,
+	})
+	if err != nil {
+		return err
+	}
+	el, err := election.New(election.Config{Client: n.cli, Prefix: cfg.Prefix, Name: cfg.Name,
+		SessionTTL: cfg.SessionTTL, Logger: n.log,
+		OnLeaderChange: func(leading bool) {
+			m.LeaderChanges.Inc()
+			if leading {
+				m.Leading.Set(1)
+			} else {
+				m.Leading.Set(0)
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stopEl, n.elDone = cancel, make(chan struct{})
+	go func() {
+		defer close(n.elDone)
+		select { // probe from a filled view
+		case <-n.hub.Ready():
+		case <-ctx.Done():
+			return
+		}
+		_ = el.Run(ctx, pr.Lead)
+	}()
+	return nil
+}
+
+func view(s registryv1.HealthState) string {
+	return strings.TrimPrefix(s.String(), "HEALTH_STATE_")
+}
+
+// leader names the prober leader for Status ("" if none or unknown).
+func (n *Node) leader(ctx context.Context) string {
+	l, err := election.CurrentLeader(ctx, n.cli, n.cfg.Prefix)
+	if err != nil {
+		return ""
+	}
+	return l.Name
+}

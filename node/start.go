@@ -1,0 +1,340 @@
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/regcluster/registry/health"
+	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/fanout"
+	"github.com/regcluster/registry/internal/leasepool"
+	"github.com/regcluster/registry/internal/metrics"
+	"github.com/regcluster/registry/internal/peerlimit"
+	"github.com/regcluster/registry/internal/tlsfiles"
+	"github.com/regcluster/registry/internal/txnbatch"
+	"github.com/regcluster/registry/internal/zapslog"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/server"
+	"github.com/regcluster/registry/store"
+)
+
+// Start brings a regnode up and returns once its API accepts calls.
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
+	def := DefaultConfig()
+	if cfg.Listen == "" {
+		cfg.Listen = def.Listen
+	}
+	if cfg.MetricsListen == "" {
+		cfg.MetricsListen = def.MetricsListen
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = def.SessionTTL
+	}
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = def.ShutdownGrace
+	}
+	if cfg.Thresholds == (health.Thresholds{}) {
+		cfg.Thresholds = health.DefaultThresholds()
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = def.Prefix
+	}
+	cfg.defaultAPILimits()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), serveErr: make(chan error, 4)}
+	defer func() {
+		if err != nil {
+			n.shutdown()
+			n.dataDir.Discard() // a failed start leaves no half-made data dir
+		}
+	}()
+
+	// What can be refused at once (the data dir, the ports) is checked
+	// before etcd writes a byte: a second regnode on the same data dir, or
+	// a port in use, fails here and leaves the disk as it was. The ports
+	// are only tried, not kept: a client that reached a listener with no
+	// server behind it would wait there instead of trying another regnode.
+	endpoints := cfg.EtcdEndpoints
+	if len(endpoints) == 0 {
+		if n.dataDir, err = embedded.LockDataDir(cfg.Embed.Dir); err != nil {
+			return nil, err
+		}
+		cfg.Embed.DataDir = n.dataDir
+	}
+	// Certificates that do not load are refused before etcd starts.
+	var serverTLS *tls.Config
+	if cfg.TLS.Enabled() {
+		if serverTLS, err = tlsfiles.ServerConfig(cfg.TLS, n.log); err != nil {
+			return nil, fmt.Errorf("API TLS: %w", err)
+		}
+	}
+	if err := portFree("API", cfg.Listen); err != nil {
+		return nil, err
+	}
+	if cfg.MetricsListen != "off" {
+		if err := portFree("metrics", cfg.MetricsListen); err != nil {
+			return nil, err
+		}
+	}
+
+	if len(endpoints) == 0 {
+		if cfg.Embed.Logger == nil {
+			cfg.Embed.Logger = cfg.Logger
+		}
+		if n.etcd, err = embedded.Start(ctx, cfg.Embed); err != nil {
+			return nil, err
+		}
+		endpoints = memberEndpoints(n.etcd, cfg.Embed.ClientTLS.Enabled())
+		if cfg.Name == "" {
+			cfg.Name = n.etcd.Config().Name
+		}
+		n.wg.Add(1)
+		go func() { // forwards a failure of the member until Close
+			defer n.wg.Done()
+			select {
+			case err := <-n.etcd.Err():
+				if err != nil {
+					n.serveErr <- fmt.Errorf("embedded etcd: %w", err)
+				}
+			case <-n.done:
+			}
+		}()
+	}
+	if cfg.Name == "" {
+		// Several regnodes may share a host: the API address tells them apart.
+		host, _ := os.Hostname()
+		cfg.Name = host + "/" + cfg.Listen
+	}
+	n.cfg = cfg
+	etcdTLS, err := n.etcdClientTLS(ctx, endpoints)
+	if err != nil {
+		return nil, err
+	}
+	if n.etcd != nil && cfg.EmbedAuth {
+		if cfg.EtcdUsername, cfg.EtcdPassword, err = n.embeddedAuth(ctx, endpoints, etcdTLS); err != nil {
+			return nil, err
+		}
+	}
+	dialTimeout := 5 * time.Second
+	if cfg.EtcdUsername != "" {
+		// New also authenticates: a bcrypt on etcd's side, which takes
+		// seconds on a loaded machine; a wrong password should say so,
+		// not time out.
+		dialTimeout = 15 * time.Second
+	}
+	if n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: dialTimeout,
+		TLS: etcdTLS, Username: cfg.EtcdUsername, Password: cfg.EtcdPassword,
+		Logger: zapslog.New(n.log, "warn", nil), Context: context.Background()}); err != nil {
+		return nil, fmt.Errorf("etcd client of %v: %w", endpoints, err)
+	}
+	// Fail now, not on the first call, if etcd is not reachable.
+	n.log.Info("waiting for etcd to answer", "endpoints", endpoints)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = n.cli.Get(pctx, "health-probe")
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("etcd at %v does not answer: %w", endpoints, err)
+	}
+
+	n.metrics = metrics.New()
+	// Registration past raw etcd: leases taken from a pool granted ahead,
+	// renewals on one stream, and with GroupCommit concurrent
+	// registrations' writes committed as one Txn.
+	n.renew = leasepool.NewRenewer(n.cli, n.log)
+	pc := leasepool.DefaultConfig()
+	pc.Client, pc.Renewer, pc.Logger = n.cli, n.renew, n.log
+	if n.leases, err = leasepool.New(pc); err != nil {
+		return nil, err
+	}
+	sc := store.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
+		OnJunk: func(string, error) { n.metrics.JunkSkipped.Inc() },
+		Leases: n.leases, Renew: n.renew}
+	if cfg.GroupCommit {
+		bc := txnbatch.DefaultConfig()
+		bc.Client, bc.Logger = n.cli, n.log
+		if n.commit, err = txnbatch.New(bc); err != nil {
+			return nil, err
+		}
+		sc.Commit = n.commit
+	}
+	st, err := store.New(sc)
+	if err != nil {
+		return nil, err
+	}
+	m := n.metrics
+	n.hub, err = fanout.New(fanout.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
+		RingSize: cfg.RingSize, QueueSize: cfg.QueueSize,
+		OnJunk:         func(string, error) { m.JunkSkipped.Inc() },
+		OnWatchRestart: func(reason string, _ error) { m.WatchRestarts.WithLabelValues(reason).Inc() },
+		OnReset:        func(reason string) { m.ResetsSent.WithLabelValues(reason).Inc() },
+		OnStale:        func() { m.StaleBatches.Inc() },
+		OnSubscribers:  func(k int) { m.Subscribers.Set(float64(k)) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	hubCtx, stopHub := context.WithCancel(context.Background())
+	n.stopHub = stopHub
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.hub.Run(hubCtx); err != nil && hubCtx.Err() == nil {
+			n.serveErr <- fmt.Errorf("fan-out: %w", err)
+		}
+	}()
+	m.WatchInstances(n.hub.Cache().Snapshot)
+	if err := n.startProber(cfg, st); err != nil {
+		return nil, err
+	}
+	if cfg.Limits == (peerlimit.Config{}) {
+		cfg.Limits = peerlimit.DefaultConfig()
+	}
+	limits, err := peerlimit.New(cfg.Limits)
+	if err != nil {
+		return nil, err
+	}
+	operator := server.LoopbackOperator
+	if cfg.OperatorDeregister == "none" {
+		operator = server.NoOperator
+	}
+	var (
+		unary    = []grpc.UnaryServerInterceptor{n.metrics.UnaryInterceptor()}
+		stream   = []grpc.StreamServerInterceptor{n.metrics.StreamInterceptor()}
+		limitKey func(context.Context) string
+		tokens   *server.Tokens
+	)
+	if cfg.Auth { // auth.go
+		var check *server.Auth
+		if check, tokens, err = n.startAuth(ctx); err != nil {
+			return nil, err
+		}
+		unary, stream = append(unary, check.Unary()), append(stream, check.Stream())
+		operator, limitKey = server.TokenOperator, server.TokenLimitKey
+	} else {
+		n.warnAuthOff(ctx)
+	}
+	if n.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
+	}
+	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
+		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey,
+		Addr: n.Addr(), Peers: n.peers, DialPeer: n.dialPeer})
+	if err != nil {
+		return nil, err
+	}
+	// Announced before Start returns: a WaitApplied anywhere counts this
+	// regnode's subscribers from its first one on (peers.go).
+	sess, err := n.announce(ctx)
+	if err != nil {
+		return nil, err
+	}
+	actx, acancel := context.WithCancel(context.Background())
+	n.wg.Add(2)
+	go n.keepAnnounced(actx, sess)
+	go func() { defer n.wg.Done(); <-n.done; acancel() }()
+	var transport []grpc.ServerOption
+	if serverTLS != nil {
+		n.self = newSelfListener() // the HTTP API's calls: self.go
+		transport = append(transport, grpc.Creds(selfCreds{credentials.NewTLS(serverTLS)}))
+	}
+	n.grpc = grpc.NewServer(append(append(transport,
+		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
+		grpc.KeepaliveParams(keepaliveServer),
+		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		grpc.MaxRecvMsgSize(cfg.MaxRequestBytes),
+		grpc.MaxSendMsgSize(cfg.MaxResponseBytes),
+		grpc.ChainUnaryInterceptor(append(unary, n.noSpaceLog())...),
+		grpc.ChainStreamInterceptor(stream...),
+	), server.DecodeOptions()...)...)
+	registryv1.RegisterRegistryServer(n.grpc, api)
+	if tokens != nil {
+		registryv1.RegisterTokensServer(n.grpc, tokens)
+	}
+	n.sweepHolds(api)
+	n.health = grpchealth.NewServer()
+	healthpb.RegisterHealthServer(n.grpc, n.health)
+	reflection.Register(n.grpc)
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	n.health.SetServingStatus(registryv1.Registry_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.grpc.Serve(n.lis); err != nil {
+			n.serveErr <- fmt.Errorf("API server: %w", err)
+		}
+	}()
+	if n.self != nil {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.grpc.Serve(n.self); err != nil {
+				n.serveErr <- fmt.Errorf("API server, in-memory listener: %w", err)
+			}
+		}()
+	}
+
+	if cfg.MetricsListen != "off" {
+		if n.mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			return nil, fmt.Errorf("listen for metrics on %s: %w", cfg.MetricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(n.metrics.Registry, promhttp.HandlerOpts{}))
+		if err := n.mountWeb(mux); err != nil { // the JSON API and the dashboard: web.go
+			return nil, err
+		}
+		n.mhttp = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: serverTLS,
+			// Failed handshakes are the clients' doing (a scanner, a
+			// plaintext scrape): debug, not stderr.
+			ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			serve := n.mhttp.Serve
+			if serverTLS != nil {
+				// The certificate comes from TLSConfig (reloaded), not files.
+				serve = func(l net.Listener) error { return n.mhttp.ServeTLS(l, "", "") }
+			}
+			if err := serve(n.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				n.serveErr <- fmt.Errorf("metrics server: %w", err)
+			}
+		}()
+	}
+	mode := "embedded etcd member " + cfg.Embed.Name + " (data in " + cfg.Embed.Dir + ")"
+	if n.etcd == nil {
+		mode = "external etcd " + strings.Join(endpoints, ",")
+	}
+	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "metrics", n.MetricsAddr(),
+		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "", "auth", cfg.Auth,
+		"etcd", mode, "prefix", cfg.Prefix)
+	return n, nil
+}
+
+// portFree fails if addr cannot be listened on now (port 0 always can).
+func portFree(what, addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen for the %s on %s: %w", what, addr, err)
+	}
+	return l.Close()
+}
