@@ -8,6 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/internal/token"
 	"github.com/regcluster/registry/server"
 )
@@ -53,13 +54,12 @@ func (n *Node) startAuth(ctx context.Context) (*server.Auth, *server.Tokens, err
 	if err != nil {
 		return nil, nil, err
 	}
-	cctx, stop := context.WithCancel(context.Background())
-	n.stopAuth = stop
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		_ = cache.Run(cctx) // ends with cctx, on Close
-	}()
+	// Not quiesced: it follows etcd until the API has stopped, so every
+	// call, the last in flight included, is checked against the tokens
+	// as they are.
+	if err := n.life.Start(ctx, stopper.Component{Name: "token cache", Run: cache.Run}); err != nil {
+		return nil, nil, err
+	}
 	select {
 	case <-cache.Ready():
 	case <-bctx.Done():

@@ -1,9 +1,11 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"time"
 
+	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/server"
 )
 
@@ -43,19 +45,18 @@ func (c *Config) validateAPILimits() error {
 // sweepHolds releases, every holdSweepEvery until Close, the registration
 // slots of registrations that ended without this regnode seeing the call
 // that ended them (see server.SweepHolds).
-func (n *Node) sweepHolds(api *server.Server) {
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		t := time.NewTicker(holdSweepEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-n.done:
-				return
-			case <-t.C:
-				api.SweepHolds()
+func (n *Node) sweepHolds(ctx context.Context, api *server.Server) error {
+	return n.life.Start(ctx, stopper.Component{Name: "registration sweeper",
+		Run: func(ctx context.Context) error {
+			t := time.NewTicker(holdSweepEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+					api.SweepHolds()
+				}
 			}
-		}
-	}()
+		}})
 }

@@ -56,14 +56,13 @@ func (n *Node) announce(ctx context.Context) (*concurrency.Session, error) {
 	return sess, nil
 }
 
-// keepAnnounced holds sess until Close (then revokes it: the key goes at
-// once), announcing again whenever the session is lost; ctx ends when the
-// regnode stops.
+// keepAnnounced holds sess until ctx ends, when the regnode stops (then
+// revokes it: the key goes at once), announcing again whenever the session
+// is lost.
 func (n *Node) keepAnnounced(ctx context.Context, sess *concurrency.Session) {
-	defer n.wg.Done()
 	for {
 		select {
-		case <-n.done:
+		case <-ctx.Done():
 			sess.Close()
 			return
 		case <-sess.Done():
@@ -76,7 +75,7 @@ func (n *Node) keepAnnounced(ctx context.Context, sess *concurrency.Session) {
 				break
 			}
 			select {
-			case <-n.done:
+			case <-ctx.Done():
 				return
 			case <-time.After(time.Second):
 			}

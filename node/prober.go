@@ -7,6 +7,7 @@ import (
 
 	"github.com/regcluster/registry/election"
 	"github.com/regcluster/registry/health"
+	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/probe"
 	"github.com/regcluster/registry/prober"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
@@ -14,10 +15,17 @@ import (
 )
 
 // startProber runs the prober election: while this regnode leads, it
-// health-checks every instance with a check.
-func (n *Node) startProber(cfg Config, st *store.Store) error {
+// health-checks every instance with a check. The election is quiesced
+// when the regnode stops: it resigns at once, so another regnode takes
+// over probing while this one drains; the checker closes once the
+// election (and the prober's leadership in it) has returned.
+func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) error {
 	m := n.metrics
 	n.probe = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log})
+	if err := n.life.Start(ctx, stopper.Component{Name: "probe checker",
+		Close: func() error { n.probe.Close(); return nil }}); err != nil {
+		return err
+	}
 	pr, err := prober.New(prober.Config{Store: st, View: n.hub.Cache().Snapshot, Probe: n.probe,
 		Thresholds: cfg.Thresholds, Interval: cfg.ProbeInterval, Concurrency: cfg.ProbeConcurrency,
 		Node: cfg.Name, Logger: n.log,
@@ -46,18 +54,15 @@ func (n *Node) startProber(cfg Config, st *store.Store) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n.stopEl, n.elDone = cancel, make(chan struct{})
-	go func() {
-		defer close(n.elDone)
-		select { // probe from a filled view
-		case <-n.hub.Ready():
-		case <-ctx.Done():
-			return
-		}
-		_ = el.Run(ctx, pr.Lead)
-	}()
-	return nil
+	return n.life.Start(ctx, stopper.Component{Name: "prober election", Quiesce: true,
+		Run: func(ctx context.Context) error {
+			select { // probe from a filled view
+			case <-n.hub.Ready():
+			case <-ctx.Done():
+				return nil
+			}
+			return el.Run(ctx, pr.Lead) // ends only with ctx
+		}})
 }
 
 func view(s registryv1.HealthState) string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
@@ -26,6 +27,7 @@ import (
 	"github.com/regcluster/registry/internal/leasepool"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/peerlimit"
+	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/internal/tlsfiles"
 	"github.com/regcluster/registry/internal/txnbatch"
 	"github.com/regcluster/registry/internal/zapslog"
@@ -62,11 +64,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), serveErr: make(chan error, 4)}
+	n := &Node{cfg: cfg, log: cfg.Logger, life: stopper.New()}
 	defer func() {
 		if err != nil {
-			n.shutdown()
-			n.dataDir.Discard() // a failed start leaves no half-made data dir
+			// What started stops, latest first; the data dir is
+			// discarded, not kept: a failed start leaves no half-made one.
+			n.life.Stop()
 		}
 	}()
 
@@ -77,7 +80,17 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// server behind it would wait there instead of trying another regnode.
 	endpoints := cfg.EtcdEndpoints
 	if len(endpoints) == 0 {
-		if n.dataDir, err = embedded.LockDataDir(cfg.Embed.Dir); err != nil {
+		if err = n.life.Start(ctx, stopper.Component{Name: "data dir",
+			Start: func(context.Context) (err error) {
+				n.dataDir, err = embedded.LockDataDir(cfg.Embed.Dir)
+				return err
+			},
+			Close: func() error {
+				if !n.up {
+					return n.dataDir.Discard()
+				}
+				return n.dataDir.Unlock()
+			}}); err != nil {
 			return nil, err
 		}
 		cfg.Embed.DataDir = n.dataDir
@@ -102,24 +115,27 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		if cfg.Embed.Logger == nil {
 			cfg.Embed.Logger = cfg.Logger
 		}
-		if n.etcd, err = embedded.Start(ctx, cfg.Embed); err != nil {
+		if err = n.life.Start(ctx, stopper.Component{Name: "embedded etcd",
+			Start: func(ctx context.Context) (err error) {
+				n.etcd, err = embedded.Start(ctx, cfg.Embed)
+				return err
+			},
+			Run: func(ctx context.Context) error { // a failure of the member, until Close
+				select {
+				case err := <-n.etcd.Err():
+					return err
+				case <-ctx.Done():
+					return nil
+				}
+			},
+			Close: func() error { n.etcd.Close(); return nil }, // flushes and closes the member's WAL and backend
+		}); err != nil {
 			return nil, err
 		}
 		endpoints = memberEndpoints(n.etcd, cfg.Embed.ClientTLS.Enabled())
 		if cfg.Name == "" {
 			cfg.Name = n.etcd.Config().Name
 		}
-		n.wg.Add(1)
-		go func() { // forwards a failure of the member until Close
-			defer n.wg.Done()
-			select {
-			case err := <-n.etcd.Err():
-				if err != nil {
-					n.serveErr <- fmt.Errorf("embedded etcd: %w", err)
-				}
-			case <-n.done:
-			}
-		}()
 	}
 	if cfg.Name == "" {
 		// Several regnodes may share a host: the API address tells them apart.
@@ -143,10 +159,22 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		// not time out.
 		dialTimeout = 15 * time.Second
 	}
-	if n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: dialTimeout,
-		TLS: etcdTLS, Username: cfg.EtcdUsername, Password: cfg.EtcdPassword,
-		Logger: zapslog.New(n.log, "warn", nil), Context: context.Background()}); err != nil {
-		return nil, fmt.Errorf("etcd client of %v: %w", endpoints, err)
+	if err = n.life.Start(ctx, stopper.Component{Name: "etcd client",
+		Start: func(context.Context) (err error) {
+			if n.cli, err = clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: dialTimeout,
+				TLS: etcdTLS, Username: cfg.EtcdUsername, Password: cfg.EtcdPassword,
+				Logger: zapslog.New(n.log, "warn", nil), Context: context.Background()}); err != nil {
+				return fmt.Errorf("etcd client of %v: %w", endpoints, err)
+			}
+			return nil
+		},
+		Close: func() error {
+			if err := n.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			return nil
+		}}); err != nil {
+		return nil, err
 	}
 	// Fail now, not on the first call, if etcd is not reachable.
 	n.log.Info("waiting for etcd to answer", "endpoints", endpoints)
@@ -162,9 +190,25 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// renewals on one stream, and with GroupCommit concurrent
 	// registrations' writes committed as one Txn.
 	n.renew = leasepool.NewRenewer(n.cli, n.log)
+	if err = n.life.Start(ctx, stopper.Component{Name: "lease renewer",
+		Close: func() error { n.renew.Close(); return nil }}); err != nil {
+		return nil, err
+	}
 	pc := leasepool.DefaultConfig()
 	pc.Client, pc.Renewer, pc.Logger = n.cli, n.renew, n.log
-	if n.leases, err = leasepool.New(pc); err != nil {
+	if err = n.life.Start(ctx, stopper.Component{Name: "lease pool",
+		Start: func(context.Context) (err error) { n.leases, err = leasepool.New(pc); return err },
+		Close: func() error {
+			// No call is in flight now: the pool's idle leases are
+			// nobody's, so they are revoked while etcd is still there (a
+			// crash leaves them to expire within their TTL).
+			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+			defer cancel()
+			if err := n.leases.Close(ctx); err != nil {
+				n.log.Warn("revoke the lease pool's idle leases (they expire within their TTL)", "err", err)
+			}
+			return nil
+		}}); err != nil {
 		return nil, err
 	}
 	sc := store.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
@@ -173,7 +217,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.GroupCommit {
 		bc := txnbatch.DefaultConfig()
 		bc.Client, bc.Logger = n.cli, n.log
-		if n.commit, err = txnbatch.New(bc); err != nil {
+		if err = n.life.Start(ctx, stopper.Component{Name: "txn batcher",
+			Start: func(context.Context) (err error) { n.commit, err = txnbatch.New(bc); return err },
+			Close: func() error { n.commit.Close(); return nil }}); err != nil {
 			return nil, err
 		}
 		sc.Commit = n.commit
@@ -194,17 +240,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	hubCtx, stopHub := context.WithCancel(context.Background())
-	n.stopHub = stopHub
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		if err := n.hub.Run(hubCtx); err != nil && hubCtx.Err() == nil {
-			n.serveErr <- fmt.Errorf("fan-out: %w", err)
-		}
-	}()
+	// Quiesced: stopping it ends every Watch stream at once, so that the
+	// API's graceful stop waits only for unary calls, and subscribers
+	// resume on another regnode.
+	if err = n.life.Start(ctx, stopper.Component{Name: "fan-out", Run: n.hub.Run, Quiesce: true}); err != nil {
+		return nil, err
+	}
 	m.WatchInstances(n.hub.Cache().Snapshot)
-	if err := n.startProber(cfg, st); err != nil {
+	if err := n.startProber(ctx, cfg, st); err != nil {
 		return nil, err
 	}
 	if cfg.Limits == (peerlimit.Config{}) {
@@ -234,8 +277,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	} else {
 		n.warnAuthOff(ctx)
 	}
-	if n.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
+	if err = n.life.Start(ctx, stopper.Component{Name: "API listener",
+		Start: func(context.Context) (err error) {
+			if n.lis, err = net.Listen("tcp", cfg.Listen); err != nil {
+				return fmt.Errorf("listen for the API on %s: %w", cfg.Listen, err)
+			}
+			return nil
+		},
+		// Serve closes it; this is for a start that fails before.
+		Close: func() error { n.lis.Close(); return nil }}); err != nil {
+		return nil, err
 	}
 	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
 		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey,
@@ -245,14 +296,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	// Announced before Start returns: a WaitApplied anywhere counts this
 	// regnode's subscribers from its first one on (peers.go).
-	sess, err := n.announce(ctx)
-	if err != nil {
+	// Quiesced: it goes first when the regnode stops, so that peers stop
+	// counting it while it drains.
+	var sess *concurrency.Session
+	if err = n.life.Start(ctx, stopper.Component{Name: "announcement",
+		Start:   func(ctx context.Context) (err error) { sess, err = n.announce(ctx); return err },
+		Run:     func(ctx context.Context) error { n.keepAnnounced(ctx, sess); return nil },
+		Quiesce: true}); err != nil {
 		return nil, err
 	}
-	actx, acancel := context.WithCancel(context.Background())
-	n.wg.Add(2)
-	go n.keepAnnounced(actx, sess)
-	go func() { defer n.wg.Done(); <-n.done; acancel() }()
 	var transport []grpc.ServerOption
 	if serverTLS != nil {
 		n.self = newSelfListener() // the HTTP API's calls: self.go
@@ -271,54 +323,45 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if tokens != nil {
 		registryv1.RegisterTokensServer(n.grpc, tokens)
 	}
-	n.sweepHolds(api)
+	if err = n.sweepHolds(ctx, api); err != nil {
+		return nil, err
+	}
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
 	reflection.Register(n.grpc)
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.health.SetServingStatus(registryv1.Registry_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		if err := n.grpc.Serve(n.lis); err != nil {
-			n.serveErr <- fmt.Errorf("API server: %w", err)
-		}
-	}()
-	if n.self != nil {
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			if err := n.grpc.Serve(n.self); err != nil {
-				n.serveErr <- fmt.Errorf("API server, in-memory listener: %w", err)
-			}
-		}()
+	if err = n.life.Start(ctx, stopper.Component{Name: "API server", Run: n.serveAPI}); err != nil {
+		return nil, err
 	}
 
 	if cfg.MetricsListen != "off" {
 		if n.mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			return nil, fmt.Errorf("listen for metrics on %s: %w", cfg.MetricsListen, err)
 		}
+		if err = n.life.Start(ctx, stopper.Component{Name: "metrics listener",
+			// Serve closes it; this is for a start that fails before.
+			Close: func() error { n.mlis.Close(); return nil }}); err != nil {
+			return nil, err
+		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(n.metrics.Registry, promhttp.HandlerOpts{}))
-		if err := n.mountWeb(mux); err != nil { // the JSON API and the dashboard: web.go
+		if err := n.mountWeb(ctx, mux); err != nil { // the JSON API and the dashboard: web.go
 			return nil, err
 		}
 		n.mhttp = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, TLSConfig: serverTLS,
 			// Failed handshakes are the clients' doing (a scanner, a
 			// plaintext scrape): debug, not stderr.
 			ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)}
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			serve := n.mhttp.Serve
-			if serverTLS != nil {
-				// The certificate comes from TLSConfig (reloaded), not files.
-				serve = func(l net.Listener) error { return n.mhttp.ServeTLS(l, "", "") }
-			}
-			if err := serve(n.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				n.serveErr <- fmt.Errorf("metrics server: %w", err)
-			}
-		}()
+		if err = n.life.Start(ctx, stopper.Component{Name: "metrics server", Run: n.serveHTTP}); err != nil {
+			return nil, err
+		}
+	}
+	// Last started, so first stopped in turn (right after the quiesce
+	// step's signals): health checks see NOT_SERVING while the rest drains.
+	if err = n.life.Start(ctx, stopper.Component{Name: "health",
+		Close: func() error { n.health.Shutdown(); return nil }}); err != nil {
+		return nil, err
 	}
 	mode := "embedded etcd member " + cfg.Embed.Name + " (data in " + cfg.Embed.Dir + ")"
 	if n.etcd == nil {
@@ -327,6 +370,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "metrics", n.MetricsAddr(),
 		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "", "auth", cfg.Auth,
 		"etcd", mode, "prefix", cfg.Prefix)
+	n.up = true
 	return n, nil
 }
 

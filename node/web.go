@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/regcluster/registry/dashboard"
 	"github.com/regcluster/registry/httpapi"
+	"github.com/regcluster/registry/internal/stopper"
 )
 
 // mountWeb mounts the JSON API (/api/v1/) and the dashboard (/) on the
@@ -25,7 +27,7 @@ import (
 // the HTTP API forwards from its Authorization header): without auth,
 // anyone who can reach a wider listener could drain instances. Elsewhere
 // the API and the dashboard are read-only.
-func (n *Node) mountWeb(mux *http.ServeMux) error {
+func (n *Node) mountWeb(ctx context.Context, mux *http.ServeMux) error {
 	target := loopbackTarget(n.lis.Addr())
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if n.self != nil { // the API serves TLS: call it in memory (self.go)
@@ -36,12 +38,11 @@ func (n *Node) mountWeb(mux *http.ServeMux) error {
 	if err != nil {
 		return fmt.Errorf("connect the HTTP API to the gRPC API at %s: %w", target, err)
 	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		<-n.done
+	if err := n.life.Start(ctx, stopper.Component{Name: "HTTP API's connection", Quiesce: true,
+		Run: func(ctx context.Context) error { <-ctx.Done(); return conn.Close() }}); err != nil {
 		conn.Close()
-	}()
+		return err
+	}
 	readOnly := !isLoopback(n.mlis.Addr()) && !n.cfg.Auth
 	api, err := httpapi.New(httpapi.Config{Conn: conn, ReadOnly: readOnly, Logger: n.log})
 	if err != nil {
