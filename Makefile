@@ -40,7 +40,7 @@ test:
 ## with --auth by token alone); table on stderr, JSON lines in
 ## bench.json
 bench:
-	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./server/
+	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./internal/server/
 	go test -run '^$$' -bench Pick -benchtime 200000x -count 1 ./balance/
 	go run ./cmd/regbench all -short -json > bench.json
 	go test -run '^$$' -bench . -benchtime 3x -count 1 ./prober/

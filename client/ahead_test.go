@@ -7,8 +7,8 @@ import (
 
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/node"
 )
 
 // A subscriber ahead of every regnode it can reach (they lag behind etcd,

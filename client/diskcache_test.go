@@ -26,8 +26,8 @@ import (
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/node"
 )
 
 // restartable returns a regnode config that can be stopped and started

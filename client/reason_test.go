@@ -3,7 +3,7 @@ package client
 import (
 	"testing"
 
-	"github.com/regcluster/registry/server"
+	"github.com/regcluster/registry/internal/server"
 )
 
 // The SDK branches on the reasons regnode documents; they must not drift.

@@ -18,8 +18,8 @@ import (
 
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )

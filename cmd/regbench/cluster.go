@@ -21,8 +21,8 @@ import (
 
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/peerlimit"
-	"github.com/regcluster/registry/node"
 )
 
 // Every goroutine of the process runs under a pprof label "side" saying

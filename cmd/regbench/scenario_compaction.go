@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/resolver"
 
 	"github.com/regcluster/registry/client"
-	"github.com/regcluster/registry/node"
+	"github.com/regcluster/registry/internal/node"
 )
 
 // runCompaction: S subscribers (SDK, through a TCP proxy in front of the

@@ -19,8 +19,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/peerlimit"
-	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 

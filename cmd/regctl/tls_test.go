@@ -4,10 +4,10 @@ import (
 	"testing"
 
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
 	"github.com/regcluster/registry/internal/tlsfiles"
 	"github.com/regcluster/registry/internal/tlstest"
-	"github.com/regcluster/registry/node"
 )
 
 // regctl speaks TLS with --cacert (or $REGCTL_CACERT) and presents

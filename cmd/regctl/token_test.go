@@ -13,9 +13,9 @@ import (
 
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
 	"github.com/regcluster/registry/internal/token"
-	"github.com/regcluster/registry/node"
 )
 
 // tokenEnv is the test's environment with REGCTL_TOKEN=tok (none if "").

@@ -24,9 +24,9 @@ import (
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
 	"github.com/regcluster/registry/internal/render"
-	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/regcluster/registry/balance"
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/embedded"
-	"github.com/regcluster/registry/node"
+	"github.com/regcluster/registry/internal/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 

@@ -26,7 +26,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/regcluster/registry/internal/buildinfo"
-	"github.com/regcluster/registry/node"
+	"github.com/regcluster/registry/internal/node"
 )
 
 func main() {

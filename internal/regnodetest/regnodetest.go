@@ -18,7 +18,7 @@ import (
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/etcdtest"
-	"github.com/regcluster/registry/node"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/record"
 )
 

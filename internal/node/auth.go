@@ -8,9 +8,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/regcluster/registry/internal/server"
 	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/internal/token"
-	"github.com/regcluster/registry/server"
 )
 
 // AdminTokenFile is the file, in the data dir (--data-dir, also with an

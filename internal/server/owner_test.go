@@ -25,12 +25,12 @@ import (
 
 	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/regnodetest"
 	"github.com/regcluster/registry/internal/secret"
-	"github.com/regcluster/registry/node"
+	"github.com/regcluster/registry/internal/server"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
-	"github.com/regcluster/registry/server"
 )
 
 // headRev is etcd's current revision: a refused call must leave it as it was.

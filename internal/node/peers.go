@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/regcluster/registry/internal/server"
 	"github.com/regcluster/registry/internal/tlsfiles"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
-	"github.com/regcluster/registry/server"
 )
 
 // Regnodes announce themselves: <prefix>nodes/<API address> holds the

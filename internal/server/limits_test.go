@@ -15,11 +15,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/node"
+	"github.com/regcluster/registry/internal/server"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
-	"github.com/regcluster/registry/server"
 )
 
 // The registrations a peer holds are capped: past the cap a Register is

@@ -20,8 +20,8 @@ import (
 
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/tlsfiles"
-	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
-	"github.com/regcluster/registry/server"
+	"github.com/regcluster/registry/internal/server"
 )
 
 // noSpaceLog logs, at error and at most once a minute, that writes are

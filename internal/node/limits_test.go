@@ -14,8 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/regcluster/registry/internal/server"
 	"github.com/regcluster/registry/internal/stopper"
-	"github.com/regcluster/registry/server"
 )
 
 // holdSweepEvery is how often the registrations each key holds are

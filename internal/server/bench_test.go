@@ -12,9 +12,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/regnodetest"
-	"github.com/regcluster/registry/node"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )

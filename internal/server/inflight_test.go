@@ -11,8 +11,8 @@ import (
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/peerlimit"
+	"github.com/regcluster/registry/internal/server"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
-	"github.com/regcluster/registry/server"
 	"github.com/regcluster/registry/store"
 )
 

@@ -27,12 +27,12 @@ import (
 	"github.com/regcluster/registry/internal/leasepool"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/peerlimit"
+	"github.com/regcluster/registry/internal/server"
 	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/internal/tlsfiles"
 	"github.com/regcluster/registry/internal/txnbatch"
 	"github.com/regcluster/registry/internal/zapslog"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
-	"github.com/regcluster/registry/server"
 	"github.com/regcluster/registry/store"
 )
 

@@ -17,9 +17,9 @@ import (
 	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/regnodetest"
+	"github.com/regcluster/registry/internal/server"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
-	"github.com/regcluster/registry/server"
 )
 
 // bigInstance is a valid record of about 14 KiB.
