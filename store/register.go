@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -14,7 +15,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/regcluster/registry/internal/secret"
-	"github.com/regcluster/registry/internal/txnbatch"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -153,7 +153,7 @@ func (s *Store) RegisterAs(ctx context.Context, sec string, in *registryv1.Insta
 			s.unused(ttl, lease)
 			return nil, err
 		}
-		resp, err := s.txn(ctx, txnbatch.Op{If: cmps,
+		resp, err := s.txn(ctx, txnOp{If: cmps,
 			Then: []clientv3.Op{clientv3.OpPut(key, string(val), clientv3.WithLease(lease)), clientv3.OpPut(skey, sval)},
 			Else: []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(skey)}})
 		if err != nil {
@@ -227,17 +227,32 @@ func (s *Store) unused(ttl time.Duration, lease clientv3.LeaseID) {
 	s.revoke(lease)
 }
 
-// txn commits op: with the Store's batcher, together with concurrent
+// txnOp is a Txn to commit: its compares and the ops of each branch.
+type txnOp struct {
+	If         []clientv3.Cmp
+	Then, Else []clientv3.Op
+}
+
+// txnResult is how a txnOp ended: the branch taken, its responses, and the
+// revision of the etcd Txn that carried it.
+type txnResult struct {
+	Succeeded bool
+	Responses []*pb.ResponseOp
+	Revision  int64
+}
+
+// txn commits op: with the Store's Committer, together with concurrent
 // registrations, else as a Txn of its own.
-func (s *Store) txn(ctx context.Context, op txnbatch.Op) (txnbatch.Result, error) {
+func (s *Store) txn(ctx context.Context, op txnOp) (txnResult, error) {
 	if s.commit != nil {
-		return s.commit.Do(ctx, op)
+		ok, resps, rev, err := s.commit.Commit(ctx, op.If, op.Then, op.Else)
+		return txnResult{Succeeded: ok, Responses: resps, Revision: rev}, err
 	}
 	resp, err := s.cli.Txn(ctx).If(op.If...).Then(op.Then...).Else(op.Else...).Commit()
 	if err != nil {
-		return txnbatch.Result{}, err
+		return txnResult{}, err
 	}
-	return txnbatch.Result{Succeeded: resp.Succeeded, Responses: resp.Responses, Revision: resp.Header.Revision}, nil
+	return txnResult{Succeeded: resp.Succeeded, Responses: resp.Responses, Revision: resp.Header.Revision}, nil
 }
 
 // revoke drops a lease this store granted and will not use; failure only

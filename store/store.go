@@ -7,15 +7,15 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/internal/etcdread"
-	"github.com/regcluster/registry/internal/leasepool"
-	"github.com/regcluster/registry/internal/txnbatch"
 	"github.com/regcluster/registry/record"
 )
 
@@ -34,17 +34,40 @@ type Config struct {
 	// Now is the wall clock used for registered_at (default time.Now).
 	Now func() time.Time
 	// Leases, if set, is where Register takes its leases: granted ahead
-	// and renewed at handover (see package leasepool). Without it each
-	// Register grants its own.
-	Leases *leasepool.Pool
+	// and renewed at handover (regnode's pool). Without it each Register
+	// grants its own.
+	Leases LeaseSource
 	// Commit, if set, group-commits Register's write with concurrent
-	// registrations' (see package txnbatch), each keeping its own
+	// registrations' (regnode's --group-commit), each keeping its own
 	// compares and outcome. Without it each Register sends its own Txn.
-	Commit *txnbatch.Batcher
-	// Renew, if set, carries KeepAliveAs's renewals on one shared
-	// LeaseKeepAlive stream. Without it each renewal opens a stream of
-	// its own (clientv3's KeepAliveOnce).
-	Renew *leasepool.Renewer
+	Commit Committer
+	// Renew, if set, carries KeepAliveAs's renewals (regnode's: on one
+	// shared LeaseKeepAlive stream). Without it each renewal opens a
+	// stream of its own (clientv3's KeepAliveOnce).
+	Renew Renewer
+}
+
+// LeaseSource hands Register its leases, granted ahead. Take returns a
+// lease of ttl whose remaining TTL is its full TTL; Give takes back a lease
+// Take returned that no key was ever attached to.
+type LeaseSource interface {
+	Take(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, error)
+	Give(ttl time.Duration, id clientv3.LeaseID)
+}
+
+// Committer commits Register's Txn, alone or within one etcd Txn with
+// concurrent ones, and returns the branch it took, that branch's responses
+// and the revision of the etcd Txn that carried it. An error means the Txn
+// failed or may not have landed, as a Txn's error would.
+type Committer interface {
+	Commit(ctx context.Context, cmps []clientv3.Cmp, then, els []clientv3.Op) (succeeded bool, responses []*pb.ResponseOp, revision int64, err error)
+}
+
+// Renewer renews a lease once and returns its remaining TTL in seconds: 0
+// or less, or an error wrapping rpctypes.ErrLeaseNotFound, when etcd no
+// longer has the lease.
+type Renewer interface {
+	Renew(ctx context.Context, id int64) (ttl int64, err error)
 }
 
 // Store reads and writes instance records. It is safe for concurrent use.
@@ -55,9 +78,9 @@ type Store struct {
 	log    *slog.Logger
 	onJunk func(string, error)
 	now    func() time.Time
-	leases *leasepool.Pool
-	commit *txnbatch.Batcher
-	renew  *leasepool.Renewer
+	leases LeaseSource
+	commit Committer
+	renew  Renewer
 }
 
 // New returns a Store; it fails only if cfg has no client.

@@ -192,6 +192,13 @@ func (b *Batcher) Do(ctx context.Context, op Op) (Result, error) {
 	}
 }
 
+// Commit is Do with the Txn's parts as arguments and the Result's as
+// results: what store.Committer asks of it.
+func (b *Batcher) Commit(ctx context.Context, cmps []clientv3.Cmp, then, els []clientv3.Op) (bool, []*pb.ResponseOp, int64, error) {
+	r, err := b.Do(ctx, Op{If: cmps, Then: then, Else: els})
+	return r.Succeeded, r.Responses, r.Revision, err
+}
+
 // Close stops taking calls, lets batches being committed finish, and
 // fails calls still queued with ErrClosed. Idempotent.
 func (b *Batcher) Close() {
