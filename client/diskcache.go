@@ -66,10 +66,6 @@ const (
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// ErrDiskCache is wrapped by the reasons a disk view is ignored (logged,
-// never returned to callers: the subscription goes on without it).
-var ErrDiskCache = errors.New("disk cache unusable")
-
 // diskPath is the file of service under dir. Service names are DNS-like
 // and so fine as file names; anything that could leave dir is refused.
 func diskPath(dir, service string) (string, error) {

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -27,10 +26,6 @@ const DefaultReceiveDeadline = 3 * time.Second
 // MinReceiveDeadline is the shortest deadline allowed: twice regnode's
 // progress interval, so a quiet but healthy regnode is never left.
 const MinReceiveDeadline = 2 * time.Second
-
-// ErrStalled is the error of a stream that delivered nothing within the
-// receive deadline; the subscription has moved on from it.
-var ErrStalled = errors.New("regnode sent nothing within the receive deadline")
 
 // validateLiveness checks the liveness options and fills their defaults.
 func (o *SubscribeOptions) validateLiveness() error {

@@ -10,15 +10,6 @@ import (
 	"google.golang.org/grpc"
 )
 
-// The SDK's sentinel errors, for errors.Is, are ErrClosed and ErrStalled
-// (liveness.go); errors of the regnode's API match record's
-// (record.ErrInvalid, record.ErrNotFound, record.ErrAlreadyExists)
-// through FromStatus.
-
-// ErrClosed is returned by a Client's calls once its Close began, and by
-// a Registration's after its Close: nothing was started or sent.
-var ErrClosed = errors.New("registry client closed")
-
 // DefaultCloseTimeout is Config.CloseTimeout's default: room for the
 // default drain grace (2s) and the drain and deregister calls.
 const DefaultCloseTimeout = 10 * time.Second

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -13,10 +12,6 @@ import (
 	"github.com/regcluster/registry/internal/tokenformat"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
-
-// ErrInsecureToken is a Config.Token that would be sent in plaintext to
-// a regnode off this host: refused by New unless Config.AllowInsecureToken.
-var ErrInsecureToken = errors.New("a token would cross the network in plaintext")
 
 // tokenCreds sends the token on every call as "authorization: Bearer".
 // New has checked the transport, so it does not ask grpc for one (a

@@ -2,18 +2,10 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
-
-// ErrLeaseLost is what Backend.KeepAlive wraps when the lease no longer
-// exists and the instance must be registered again. It is the Backend's
-// contract: a backend translates its own finding into it (store's
-// LeaseBackend from store.ErrLeaseLost, the SDK's from KeepAlive's lost
-// answer).
-var ErrLeaseLost = errors.New("lease lost")
 
 // Grant is a successful registration.
 type Grant struct {

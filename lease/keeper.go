@@ -16,9 +16,6 @@ import (
 	"github.com/regcluster/registry/record"
 )
 
-// ErrClosed is returned by a Keeper's methods after Close.
-var ErrClosed = errors.New("registration closed")
-
 // Config tunes a Keeper. Zero fields take the defaults documented on each.
 type Config struct {
 	// TTL is the lease TTL, 2s..1h (default 10s).

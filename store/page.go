@@ -15,11 +15,6 @@ import (
 	"github.com/regcluster/registry/record"
 )
 
-// ErrPageExpired means a listing cannot go on at the revision of its first
-// page: etcd compacted it, or was restored (another epoch). List again from
-// the first page.
-var ErrPageExpired = errors.New("listing expired")
-
 // Cursor is where a listing stands: the revision and epoch of its first
 // page and the last key read. The zero Cursor starts a listing.
 type Cursor struct {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -156,13 +157,11 @@ func leaks(pkg *types.Package) []string {
 	return out
 }
 
-// No package outside internal/ exports a name whose type (a field, a
-// parameter, a result, an embedded or aliased type, a method of an
-// exported type) is an internal package's: such a name is public API that
-// only the module itself can use. main packages export nothing.
-func TestNoInternalTypeInPublicAPI(t *testing.T) {
+// importAll imports every non-main package of the module from its export
+// data, with positions in fset.
+func importAll(t *testing.T, fset *token.FileSet) []*types.Package {
+	t.Helper()
 	ours, files := exportData(t)
-	fset := token.NewFileSet()
 	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
 		f, ok := files[path]
 		if !ok || f == "" {
@@ -170,15 +169,30 @@ func TestNoInternalTypeInPublicAPI(t *testing.T) {
 		}
 		return os.Open(f)
 	})
-	var bad []string
-	checked := 0
+	var pkgs []*types.Package
 	for _, p := range ours {
-		if p.Name == "main" || internalPath(p.ImportPath) {
+		if p.Name == "main" {
 			continue
 		}
 		pkg, err := imp.Import(p.ImportPath)
 		if err != nil {
 			t.Fatalf("import %s: %v", p.ImportPath, err)
+		}
+		pkgs = append(pkgs, pkg)
+	}
+	return pkgs
+}
+
+// No package outside internal/ exports a name whose type (a field, a
+// parameter, a result, an embedded or aliased type, a method of an
+// exported type) is an internal package's: such a name is public API that
+// only the module itself can use. main packages export nothing.
+func TestNoInternalTypeInPublicAPI(t *testing.T) {
+	var bad []string
+	checked := 0
+	for _, pkg := range importAll(t, token.NewFileSet()) {
+		if internalPath(pkg.Path()) {
+			continue
 		}
 		checked++
 		bad = append(bad, leaks(pkg)...)
@@ -188,5 +202,40 @@ func TestNoInternalTypeInPublicAPI(t *testing.T) {
 	}
 	if len(bad) > 0 {
 		t.Errorf("%d exported names of public packages name internal types:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+}
+
+// Every package's exported sentinel errors (package-level Err* variables
+// of type error), which its callers branch on with errors.Is, are declared
+// in one file, so they read as one documented block: errors.go where a
+// package has several files of them to gather.
+func TestSentinelsInOneFile(t *testing.T) {
+	fset := token.NewFileSet()
+	errType := types.Universe.Lookup("error").Type()
+	var bad []string
+	sentinels := 0
+	for _, pkg := range importAll(t, fset) {
+		files := map[string][]string{}
+		for _, name := range pkg.Scope().Names() {
+			v, ok := pkg.Scope().Lookup(name).(*types.Var)
+			if !ok || !v.Exported() || !strings.HasPrefix(name, "Err") || !types.Identical(v.Type(), errType) {
+				continue
+			}
+			f := fset.Position(v.Pos()).Filename
+			if f == "" {
+				t.Fatalf("%s.%s: export data without positions", pkg.Path(), name)
+			}
+			files[filepath.Base(f)] = append(files[filepath.Base(f)], name)
+			sentinels++
+		}
+		if len(files) > 1 {
+			bad = append(bad, fmt.Sprintf("%s: %v", pkg.Path(), files))
+		}
+	}
+	if sentinels < 10 {
+		t.Fatalf("found %d sentinels in the module; the listing is broken", sentinels)
+	}
+	if len(bad) > 0 {
+		t.Errorf("packages whose sentinel errors are spread over several files:\n%s", strings.Join(bad, "\n"))
 	}
 }

@@ -12,13 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// ErrClosed is returned by a Renewer or Pool that was closed.
-var ErrClosed = errors.New("leasepool: closed")
-
-// ErrNotFound means etcd does not know the lease (expired, revoked, or lost
-// in a restore): renewing it cannot help.
-var ErrNotFound = errors.New("lease not found")
-
 // Renewer renews leases on demand, each Renew one request on ONE long-lived
 // etcd LeaseKeepAlive stream shared by every caller.
 //

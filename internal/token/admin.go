@@ -13,12 +13,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Sentinel errors of Create and Revoke.
-var (
-	ErrExists   = errors.New("a token of this name exists")
-	ErrNotFound = errors.New("no token of this name")
-)
-
 // Create stores a new token of role on scope named name (expiring after
 // ttl; 0: never) and returns its record and secret, the only time the
 // secret exists outside the caller. It writes only if no token has the

@@ -2,7 +2,6 @@ package token
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -154,10 +153,6 @@ func (c *Cache) Authorize(r *Record, m Method, service string) error {
 	c.used(r.Name, c.now())
 	return nil
 }
-
-// ErrBadHeader is wrapped by FromIncoming for an authorization header
-// that is not one "Bearer <token>".
-var ErrBadHeader = errors.New("malformed authorization metadata")
 
 // FromIncoming is the token a call carries in its "authorization"
 // metadata as "Bearer <token>" (the scheme in any case, as HTTP has it),

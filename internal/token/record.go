@@ -2,7 +2,6 @@ package token
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -153,9 +152,6 @@ func (r *Record) Validate() error {
 	}
 	return nil
 }
-
-// ErrJunk is a value under the tokens prefix that is not a Record.
-var ErrJunk = errors.New("not a token record")
 
 // Encode is r's stored form.
 func Encode(r *Record) ([]byte, error) {

@@ -20,9 +20,6 @@ const SecretBytes = tokenformat.SecretBytes
 // Len is the length of every token: Prefix and the base64 of SecretBytes.
 var Len = tokenformat.Len
 
-// ErrMalformed is wrapped by Parse for a value that is not a token.
-var ErrMalformed = tokenformat.ErrMalformed
-
 // New returns a fresh token (tokenformat.New).
 func New() string { return tokenformat.New() }
 
