@@ -4,6 +4,14 @@
 // duplicate id alive under another owner is refused, concurrent writers to a
 // key never lose an update, junk is skipped and reported) hold for every
 // writer.
+//
+// Files: store.go holds Config, its LeaseSource, Committer and Renewer, and
+// Store; errors.go the sentinels; register.go RegisterAs and the lease it
+// takes; keepalive.go KeepAliveAs; update.go Update, UpdateIf, UpdateFrom
+// and SetLifecycle; owner_lifecycle.go SetLifecycleAs; deregister.go
+// Deregister and DeregisterAs; read.go Get, List and the reads they share;
+// page.go ListPage; state.go the saved state that outlives a lease;
+// leasebackend.go the lease.Backend on a Store.
 package store
 
 import (

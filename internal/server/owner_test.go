@@ -331,7 +331,7 @@ func TestRegisterFloodIsLimited(t *testing.T) {
 		}
 	}
 	// The accepted registrations' leases, the prober's election session,
-	// the regnode's announcement (node/peers.go) and the leases the
+	// the regnode's announcement (internal/node/peers.go) and the leases the
 	// registration pool holds ready (it refills as registrations take
 	// them: read between two equal counts of it).
 	var leases *clientv3.LeaseLeasesResponse
