@@ -278,7 +278,7 @@ func TestThousandLargeRecords(t *testing.T) {
 	}
 	h.WaitFor(t, max(head.Header.Revision, direct.Sub.Revision(), cut.Sub.Revision()))
 	events, upTo := h.Events()
-	rep := Check(events, upTo, []*Subscriber{direct, cut}, nil)
+	rep := Check(events, upTo, []*Subscriber{direct, cut}, nil, 0)
 	t.Logf("checked %d views against %d etcd events; %d violations", rep.Views, rep.Events, len(rep.Violations))
 	for _, v := range rep.Violations {
 		t.Errorf("violation: %s", v)

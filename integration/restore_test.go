@@ -186,8 +186,8 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 		}
 		before, after = append(before, b), append(after, a)
 	}
-	old := Check(oldEvents, oldHead, before, nil)
-	restored := Check(newEvents, upTo, after, e.w.Open())
+	old := Check(oldEvents, oldHead, before, nil, 0)
+	restored := Check(newEvents, upTo, after, e.w.Open(), 0)
 	t.Logf("workload: %s", e.w)
 	t.Logf("old history: %d views against %d events; restored: %d views against %d events, %d drain checks; %d+%d violations",
 		old.Views, old.Events, restored.Views, restored.Events, restored.DrainChecks, len(old.Violations), len(restored.Violations))
