@@ -146,7 +146,9 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 	<-e.h.done
 	oldEvents, _ := e.h.Events()
 
+	restoreStart := time.Now()
 	restore(t, e.members, snapPath)
+	restoreTook := time.Since(restoreStart)
 	// The restored history from revision 1 (the snapshot holds it all).
 	h2 := RecordHistory(t, e.cl.Etcd)
 	time.Sleep(2 * time.Second)
@@ -167,7 +169,10 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 	// A registration made after the snapshot has no lease in the restored
 	// etcd: its keeper learns so at its next renewal and registers again.
 	// Wait for that (the checker wants every open one in etcd at the end).
-	e.waitOpen(e.w.Open())
+	open := e.w.Open()
+	e.waitOpen(open)
+	t.Logf("the restore (members stopped, restored, started) took %s; %d open registrations were back %s after it began",
+		restoreTook.Round(time.Millisecond), len(open), time.Since(restoreStart).Round(time.Millisecond))
 	head, err = e.cl.Etcd.Get(ctx, "settle")
 	if err != nil {
 		t.Fatal(err)
