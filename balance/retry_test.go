@@ -130,25 +130,48 @@ func TestRetryBudget(t *testing.T) {
 }
 
 // Against hanging backends a call returns at its deadline whatever the
-// retries: attempts share the caller's deadline.
+// retries: attempts share the caller's deadline, so once it is over no
+// retry is made. Counted, not timed: each call reaches exactly one
+// backend and no retry is counted (a fresh timeout per attempt would give
+// each call three attempts and three times the wait); the time is only
+// bounded generously.
 func TestDeadlineBoundsAllAttempts(t *testing.T) {
 	bs := startBackends(t, 3)
 	p := balance.DefaultPolicy()
-	p.Idempotent = []string{healthMethods}
-	ch := newChannel(t, p, state(t, p, nil, true, serving(bs[0], 100), serving(bs[1], 100), serving(bs[2], 100)))
+	p.Idempotent = []string{healthMethods} // DeadlineExceeded is retryable
+	m := balance.NewMetrics()
+	ch := newChannel(t, p, state(t, p, m, true, serving(bs[0], 100), serving(bs[1], 100), serving(bs[2], 100)))
 	waitAllConnected(t, ch, bs)
 	for _, b := range bs {
 		b.hang.Store(true)
 	}
-	for range 3 {
+	for i := range 3 {
+		id := fmt.Sprint("deadline-", i)
 		start := time.Now()
-		err := ch.check("", 200*time.Millisecond)
+		err := ch.check(id, 200*time.Millisecond)
 		if status.Code(err) != codes.DeadlineExceeded {
 			t.Fatal(err)
 		}
 		if d := time.Since(start); d > 2*time.Second { // generous: not a timing test
 			t.Fatalf("a 200ms call took %v", d)
 		}
+		// The backend sees a call when it arrives; a retry after the
+		// deadline would be a second arrival. Wait for the first (the
+		// handler may run a moment after the client gave up).
+		seen := func() int {
+			n := 0
+			for _, b := range bs {
+				n += b.sawCall(id)
+			}
+			return n
+		}
+		waitFor(t, 10*time.Second, "the attempt seen by a backend", func() bool { return seen() > 0 })
+		if n := seen(); n != 1 {
+			t.Fatalf("%s: %d attempts reached the backends, want 1 (the deadline bounds all attempts)", id, n)
+		}
+	}
+	if c := m.Counts(); c.Retries != 0 {
+		t.Fatalf("%d retries past the caller's deadline", c.Retries)
 	}
 }
 
