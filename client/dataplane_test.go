@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/serviceconfig"
 	"google.golang.org/grpc/status"
@@ -308,5 +309,100 @@ func TestZoneEndToEnd(t *testing.T) {
 	s := shares(t, cc, 1000, bs...)
 	if inA := s[0] + s[2] + s[4]; inA < 95 {
 		t.Fatalf("zone a got %.1f%% of calls (%v), want ≥ 95%%", inA, s)
+	}
+}
+
+// startSickBackend is a real gRPC server that fails every call with
+// Unavailable after counting it: an instance that is up but sick.
+func startSickBackend(t *testing.T) *backend {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &backend{addr: lis.Addr().String()}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(func(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error) {
+		b.calls.Add(1)
+		return nil, status.Error(codes.Unavailable, "sick")
+	}))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return b
+}
+
+// Config.Policies changes the policy of one service, through the service
+// config the resolver pushes for it (DialOptions' default is the Config's
+// Policy). The same three backends are registered as orders and as
+// payments, one of them failing every call with Unavailable (after the
+// call reached it: only an idempotent method may be retried): orders,
+// whose own policy names the method idempotent, retries on another
+// instance and no call fails; payments, on the default policy, sees the
+// failures.
+func TestPerServicePolicy(t *testing.T) {
+	rn := regnodetest.Start(t)
+	def := client.DefaultPolicy()
+	def.SlowStartWindow = 0
+	def.ConsecutiveFailures = 1000 // no ejection: the sick one keeps its share
+	orders := def
+	orders.Idempotent = []string{"/grpc.health.v1.Health/*"}
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Policy: &def, Policies: map[string]client.Policy{"orders": orders}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bs := []*backend{startBackend(t), startBackend(t), startSickBackend(t)}
+	for _, svc := range []string{"orders", "payments"} {
+		for i, b := range bs {
+			if _, err := c.API().Register(context.Background(), &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute),
+				Instance: &registryv1.Instance{Service: svc, Id: fmt.Sprintf("b%d", i), Address: b.addr}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	failed := map[string]int{}
+	for _, svc := range []string{"orders", "payments"} {
+		cc, err := grpc.NewClient("registry:///"+svc, c.DialOptions()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		hc := healthpb.NewHealthClient(cc)
+		call := func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+			return err
+		}
+		// Connected to all three (a call reached each) before counting.
+		before := make([]int64, len(bs))
+		for i, b := range bs {
+			before[i] = b.calls.Load()
+		}
+		waitFor(t, 30*time.Second, svc+" calling all three", func() bool {
+			_ = call()
+			for i, b := range bs {
+				if b.calls.Load() == before[i] {
+					return false
+				}
+			}
+			return true
+		})
+		sick := bs[2].calls.Load()
+		for range 100 {
+			if err := call(); err != nil {
+				if status.Code(err) != codes.Unavailable {
+					t.Fatalf("%s: %v", svc, err)
+				}
+				failed[svc]++
+			}
+		}
+		if bs[2].calls.Load()-sick < 10 {
+			t.Fatalf("%s: the sick backend got %d of 100 calls: the test proves less", svc, bs[2].calls.Load()-sick)
+		}
+	}
+	t.Logf("failed calls of 100: %v", failed)
+	if failed["orders"] != 0 || failed["payments"] == 0 {
+		t.Fatalf("failed calls of 100: %v; want none for orders (its policy retries), some for payments (the default does not)", failed)
 	}
 }
