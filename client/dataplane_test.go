@@ -406,3 +406,59 @@ func TestPerServicePolicy(t *testing.T) {
 		t.Fatalf("failed calls of 100: %v; want none for orders (its policy retries), some for payments (the default does not)", failed)
 	}
 }
+
+// Panic mode calls instances the prober judges sick, never one that says
+// itself it is not ready: with one HEALTHY, two UNAVAILABLE and one
+// STARTING instance, calls spread over the first three (panic: one of
+// three healthy) and none reaches the STARTING one (the closest right
+// thing to the "every non-DRAINING instance": STARTING is the
+// instance's own word that it must not get calls yet).
+func TestPanicLeavesStartingOut(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Policy: noSlowStart()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := storeFor(t, rn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var bs []*backend
+	for i := range 4 {
+		b := startBackend(t)
+		bs = append(bs, b)
+		in := &registryv1.Instance{Service: "orders", Id: fmt.Sprintf("b%d", i), Address: b.addr}
+		if i == 3 {
+			in.Lifecycle = registryv1.Lifecycle_LIFECYCLE_STARTING
+		}
+		if _, err := c.API().Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute), Instance: in}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i < 3; i++ {
+		if _, _, err := st.Update(ctx, "orders", fmt.Sprintf("b%d", i), func(in *registryv1.Instance) error {
+			in.Health = &registryv1.Health{State: registryv1.HealthState_HEALTH_STATE_UNAVAILABLE, Reason: "test"}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc, err := grpc.NewClient("registry:///orders", c.DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	waitFor(t, 10*time.Second, "calls on the three non-STARTING ones in panic mode", func() bool {
+		s := shares(t, cc, 30, bs...)
+		return s[0] > 0 && s[1] > 0 && s[2] > 0
+	})
+	if n := c.Metrics().Counts().PanicEnters; n == 0 {
+		t.Fatal("panic mode not counted")
+	}
+	got := shares(t, cc, 300, bs...)
+	if got[3] != 0 || bs[3].calls.Load() != 0 {
+		t.Fatalf("the STARTING instance got calls in panic mode: %v (%d in all)", got, bs[3].calls.Load())
+	}
+}
