@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -43,6 +45,41 @@ func TestRetriesGoToAnotherInstance(t *testing.T) {
 	}
 	if c := m.Counts(); c.Retries != 8 {
 		t.Fatalf("%d retries for 4 calls, want 8", c.Retries)
+	}
+	// The picker's own record of the attempts, as an interceptor chained
+	// after ours reads it (balance.Attempts): three, on three instances,
+	// each sent and failed.
+	var last []balance.Attempt
+	sc, err := balance.ServiceConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(ch.r.Scheme()+":///orders", grpc.WithResolvers(ch.r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(sc),
+		grpc.WithChainUnaryInterceptor(balance.UnaryClientInterceptor(),
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				last = balance.Attempts(ctx) // the attempts are sequential: no race
+				return err
+			}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); status.Code(err) != codes.Unavailable {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, a := range last {
+		ids[a.ID] = true
+		if !a.Sent || status.Code(a.Err) != codes.Unavailable {
+			t.Errorf("attempt %+v: want sent and failed with Unavailable", a)
+		}
+	}
+	if len(last) != 3 || len(ids) != 3 {
+		t.Fatalf("attempts recorded %+v, want 3 on 3 distinct instances", last)
 	}
 
 	p.Idempotent = nil
