@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -43,6 +45,41 @@ func TestRetriesGoToAnotherInstance(t *testing.T) {
 	}
 	if c := m.Counts(); c.Retries != 8 {
 		t.Fatalf("%d retries for 4 calls, want 8", c.Retries)
+	}
+	// The picker's own record of the attempts, as an interceptor chained
+	// after ours reads it (balance.Attempts): three, on three instances,
+	// each sent and failed.
+	var last []balance.Attempt
+	sc, err := balance.ServiceConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(ch.r.Scheme()+":///orders", grpc.WithResolvers(ch.r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(sc),
+		grpc.WithChainUnaryInterceptor(balance.UnaryClientInterceptor(),
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				last = balance.Attempts(ctx) // the attempts are sequential: no race
+				return err
+			}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); status.Code(err) != codes.Unavailable {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, a := range last {
+		ids[a.ID] = true
+		if !a.Sent || status.Code(a.Err) != codes.Unavailable {
+			t.Errorf("attempt %+v: want sent and failed with Unavailable", a)
+		}
+	}
+	if len(last) != 3 || len(ids) != 3 {
+		t.Fatalf("attempts recorded %+v, want 3 on 3 distinct instances", last)
 	}
 
 	p.Idempotent = nil
@@ -130,25 +167,48 @@ func TestRetryBudget(t *testing.T) {
 }
 
 // Against hanging backends a call returns at its deadline whatever the
-// retries: attempts share the caller's deadline.
+// retries: attempts share the caller's deadline, so once it is over no
+// retry is made. Counted, not timed: each call reaches exactly one
+// backend and no retry is counted (a fresh timeout per attempt would give
+// each call three attempts and three times the wait); the time is only
+// bounded generously.
 func TestDeadlineBoundsAllAttempts(t *testing.T) {
 	bs := startBackends(t, 3)
 	p := balance.DefaultPolicy()
-	p.Idempotent = []string{healthMethods}
-	ch := newChannel(t, p, state(t, p, nil, true, serving(bs[0], 100), serving(bs[1], 100), serving(bs[2], 100)))
+	p.Idempotent = []string{healthMethods} // DeadlineExceeded is retryable
+	m := balance.NewMetrics()
+	ch := newChannel(t, p, state(t, p, m, true, serving(bs[0], 100), serving(bs[1], 100), serving(bs[2], 100)))
 	waitAllConnected(t, ch, bs)
 	for _, b := range bs {
 		b.hang.Store(true)
 	}
-	for range 3 {
+	for i := range 3 {
+		id := fmt.Sprint("deadline-", i)
 		start := time.Now()
-		err := ch.check("", 200*time.Millisecond)
+		err := ch.check(id, 200*time.Millisecond)
 		if status.Code(err) != codes.DeadlineExceeded {
 			t.Fatal(err)
 		}
 		if d := time.Since(start); d > 2*time.Second { // generous: not a timing test
 			t.Fatalf("a 200ms call took %v", d)
 		}
+		// The backend sees a call when it arrives; a retry after the
+		// deadline would be a second arrival. Wait for the first (the
+		// handler may run a moment after the client gave up).
+		seen := func() int {
+			n := 0
+			for _, b := range bs {
+				n += b.sawCall(id)
+			}
+			return n
+		}
+		waitFor(t, 10*time.Second, "the attempt seen by a backend", func() bool { return seen() > 0 })
+		if n := seen(); n != 1 {
+			t.Fatalf("%s: %d attempts reached the backends, want 1 (the deadline bounds all attempts)", id, n)
+		}
+	}
+	if c := m.Counts(); c.Retries != 0 {
+		t.Fatalf("%d retries past the caller's deadline", c.Retries)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/serviceconfig"
 	"google.golang.org/grpc/status"
@@ -308,5 +309,156 @@ func TestZoneEndToEnd(t *testing.T) {
 	s := shares(t, cc, 1000, bs...)
 	if inA := s[0] + s[2] + s[4]; inA < 95 {
 		t.Fatalf("zone a got %.1f%% of calls (%v), want ≥ 95%%", inA, s)
+	}
+}
+
+// startSickBackend is a real gRPC server that fails every call with
+// Unavailable after counting it: an instance that is up but sick.
+func startSickBackend(t *testing.T) *backend {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &backend{addr: lis.Addr().String()}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(func(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error) {
+		b.calls.Add(1)
+		return nil, status.Error(codes.Unavailable, "sick")
+	}))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return b
+}
+
+// Config.Policies changes the policy of one service, through the service
+// config the resolver pushes for it (DialOptions' default is the Config's
+// Policy). The same three backends are registered as orders and as
+// payments, one of them failing every call with Unavailable (after the
+// call reached it: only an idempotent method may be retried): orders,
+// whose own policy names the method idempotent, retries on another
+// instance and no call fails; payments, on the default policy, sees the
+// failures.
+func TestPerServicePolicy(t *testing.T) {
+	rn := regnodetest.Start(t)
+	def := client.DefaultPolicy()
+	def.SlowStartWindow = 0
+	def.ConsecutiveFailures = 1000 // no ejection: the sick one keeps its share
+	orders := def
+	orders.Idempotent = []string{"/grpc.health.v1.Health/*"}
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Policy: &def, Policies: map[string]client.Policy{"orders": orders}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bs := []*backend{startBackend(t), startBackend(t), startSickBackend(t)}
+	for _, svc := range []string{"orders", "payments"} {
+		for i, b := range bs {
+			if _, err := c.API().Register(context.Background(), &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute),
+				Instance: &registryv1.Instance{Service: svc, Id: fmt.Sprintf("b%d", i), Address: b.addr}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	failed := map[string]int{}
+	for _, svc := range []string{"orders", "payments"} {
+		cc, err := grpc.NewClient("registry:///"+svc, c.DialOptions()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		hc := healthpb.NewHealthClient(cc)
+		call := func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+			return err
+		}
+		// Connected to all three (a call reached each) before counting.
+		before := make([]int64, len(bs))
+		for i, b := range bs {
+			before[i] = b.calls.Load()
+		}
+		waitFor(t, 30*time.Second, svc+" calling all three", func() bool {
+			_ = call()
+			for i, b := range bs {
+				if b.calls.Load() == before[i] {
+					return false
+				}
+			}
+			return true
+		})
+		sick := bs[2].calls.Load()
+		for range 100 {
+			if err := call(); err != nil {
+				if status.Code(err) != codes.Unavailable {
+					t.Fatalf("%s: %v", svc, err)
+				}
+				failed[svc]++
+			}
+		}
+		if bs[2].calls.Load()-sick < 10 {
+			t.Fatalf("%s: the sick backend got %d of 100 calls: the test proves less", svc, bs[2].calls.Load()-sick)
+		}
+	}
+	t.Logf("failed calls of 100: %v", failed)
+	if failed["orders"] != 0 || failed["payments"] == 0 {
+		t.Fatalf("failed calls of 100: %v; want none for orders (its policy retries), some for payments (the default does not)", failed)
+	}
+}
+
+// Panic mode calls instances the prober judges sick, never one that says
+// itself it is not ready: with one HEALTHY, two UNAVAILABLE and one
+// STARTING instance, calls spread over the first three (panic: one of
+// three healthy) and none reaches the STARTING one (the closest right
+// thing to the issue's "every non-DRAINING instance": STARTING is the
+// instance's own word that it must not get calls yet).
+func TestPanicLeavesStartingOut(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Policy: noSlowStart()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := storeFor(t, rn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var bs []*backend
+	for i := range 4 {
+		b := startBackend(t)
+		bs = append(bs, b)
+		in := &registryv1.Instance{Service: "orders", Id: fmt.Sprintf("b%d", i), Address: b.addr}
+		if i == 3 {
+			in.Lifecycle = registryv1.Lifecycle_LIFECYCLE_STARTING
+		}
+		if _, err := c.API().Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute), Instance: in}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i < 3; i++ {
+		if _, _, err := st.Update(ctx, "orders", fmt.Sprintf("b%d", i), func(in *registryv1.Instance) error {
+			in.Health = &registryv1.Health{State: registryv1.HealthState_HEALTH_STATE_UNAVAILABLE, Reason: "test"}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc, err := grpc.NewClient("registry:///orders", c.DialOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	waitFor(t, 10*time.Second, "calls on the three non-STARTING ones in panic mode", func() bool {
+		s := shares(t, cc, 30, bs...)
+		return s[0] > 0 && s[1] > 0 && s[2] > 0
+	})
+	if n := c.Metrics().Counts().PanicEnters; n == 0 {
+		t.Fatal("panic mode not counted")
+	}
+	got := shares(t, cc, 300, bs...)
+	if got[3] != 0 || bs[3].calls.Load() != 0 {
+		t.Fatalf("the STARTING instance got calls in panic mode: %v (%d in all)", got, bs[3].calls.Load())
 	}
 }

@@ -67,6 +67,10 @@ func (l *logBuf) logger() *slog.Logger {
 // servedLog is what a client logs when it serves a disk view.
 const servedLog = "serving the last-known-good view from disk"
 
+// errStaleLog is in the error a subscription logs when its cache refuses
+// a unit older than its view.
+const errStaleLog = "older than this subscription's view"
+
 // saveView runs a client with CacheDir against the regnode at addr until
 // its view holds want instances of orders at minRev or later, and returns
 // the path of the file it wrote.
@@ -444,7 +448,9 @@ func TestDiskViewOfAnotherHistoryReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c, err := client.New(client.Config{Endpoints: []string{rnA.Addr}, CacheDir: dir, Policy: noSlowStart()})
+	var logs logBuf
+	c, err := client.New(client.Config{Endpoints: []string{rnA.Addr}, CacheDir: dir, Policy: noSlowStart(), Logger: logs.logger(),
+		WatchPerSubscription: watchPerSubscription})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,6 +484,14 @@ func TestDiskViewOfAnotherHistoryReplaced(t *testing.T) {
 	})
 	if sub.Revision() >= diskRev {
 		t.Fatalf("history B at revision %d is not below the file's %d: the test proves nothing", sub.Revision(), diskRev)
+	}
+	// The live snapshot replaced the disk view as it came: not refused
+	// first by the revision-monotonic cache (and then mended by the
+	// Subscribe stream's reseeding, or by a stream error and a resync).
+	for _, refused := range []string{"subscription refused", errStaleLog} {
+		if logs.has(refused) {
+			t.Fatalf("the live snapshot was refused before it replaced the disk view (log has %q)", refused)
+		}
 	}
 	if n := testutil.CollectAndCount(c.Metrics(), "registry_client_disk_cache_age_seconds"); n != 0 {
 		t.Fatalf("%d disk age series once live", n)

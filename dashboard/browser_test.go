@@ -17,7 +17,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -276,4 +279,155 @@ func TestDashboardInBrowser(t *testing.T) {
 			`__statusCalls.done > %d && document.getElementById("compact").textContent === "%d"`, before, r.Header.Revision))
 		poll(t, tab, "the same document (no reload)", `window.__sameDocument === true`)
 	})
+}
+
+// With --auth the dashboard asks for a token and sends it with every
+// call, the watch stream included: without one it shows nothing and says
+// what is needed; a read token shows the registry live but cannot drain
+// (the regnode's 403 is shown, etcd unchanged); an operate token drains.
+// The token never appears in the page's URL or in localStorage.
+func TestDashboardWithTokens(t *testing.T) {
+	chromium(t) // skip before starting anything
+	m := etcdtest.Start(t, false)
+	dir := t.TempDir()
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, Auth: true,
+		Embed: embedded.Config{Dir: dir}}, m.ClientURL)
+	b, err := os.ReadFile(filepath.Join(dir, node.AdminTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Token: strings.TrimSpace(string(b))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	mk := func(name string, role registryv1.TokenRole) string {
+		resp, err := admin.Tokens().CreateToken(ctx, &registryv1.CreateTokenRequest{Name: name, Role: role,
+			Scope: &registryv1.TokenScope{Kind: registryv1.TokenScope_KIND_ALL}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Secret
+	}
+	readTok, operTok := mk("viewer", registryv1.TokenRole_TOKEN_ROLE_READ), mk("oncall", registryv1.TokenRole_TOKEN_ROLE_OPERATE)
+	if _, err := admin.API().Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Hour),
+		Instance: &registryv1.Instance{Service: "web", Id: "w-1", Address: "127.0.0.1:9002"}}); err != nil {
+		t.Fatal(err)
+	}
+	tab := browser(t, ctx)
+	// The page empties the field once a token is used.
+	useToken := func(t *testing.T, tok string) {
+		t.Helper()
+		if err := chromedp.Do(tab, chromedp.SendKeys(chromedp.CSS(`#token`), tok),
+			chromedp.Click(chromedp.CSS(`#token-use`))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	message := `document.getElementById("message").textContent`
+
+	t.Run("without a token it shows nothing and asks for one", func(t *testing.T) {
+		if err := chromedp.Do(tab, chromedp.Navigate("http://"+rn.Node.MetricsAddr()+"/"), chromedp.WaitVisible(chromedp.CSS(`#token`))); err != nil {
+			t.Fatal(err)
+		}
+		poll(t, tab, "the page asking for a read token", message+`.includes("enter a read token") && `+
+			`document.getElementById("conn").textContent === "needs a token"`)
+		poll(t, tab, "no instance shown, and no claim that none is registered", `document.querySelectorAll("tr[data-key]").length === 0 && document.getElementById("no-services").hidden`)
+		screenshot(t, tab, "dashboard-auth-no-token")
+	})
+
+	t.Run("a read token shows the registry but cannot drain", func(t *testing.T) {
+		if _, err := chromedp.Run(tab, chromedp.Evaluate[bool](`window.__sameDocument = true`)); err != nil {
+			t.Fatal(err)
+		}
+		useToken(t, readTok)
+		poll(t, tab, "w-1 shown, live, with the prober leader", cell("web/w-1", "address")+` === "127.0.0.1:9002" && `+
+			`document.getElementById("conn").textContent === "live" && `+
+			fmt.Sprintf(`document.getElementById("leader").textContent === %q`, rn.Node.Name()))
+		// Live: a registration made now appears without a reload.
+		if _, err := admin.API().Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Hour),
+			Instance: &registryv1.Instance{Service: "web", Id: "w-2", Address: "127.0.0.1:9003"}}); err != nil {
+			t.Fatal(err)
+		}
+		poll(t, tab, "w-2 appearing", cell("web/w-2", "address")+` === "127.0.0.1:9003" && window.__sameDocument === true`)
+		onLiveNode(t, tab, "click Drain", chromedp.Click(chromedp.CSS(`tr[data-key="web/w-1"] button`)))
+		poll(t, tab, "the regnode's refusal shown", message+`.includes("Could not drain web/w-1") && `+message+`.includes("needs role operate")`)
+		if lc := lifecycleInEtcd(t, rn, "web", "w-1"); lc != registryv1.Lifecycle_LIFECYCLE_SERVING {
+			t.Fatalf("a read token's drain changed etcd: %v", lc)
+		}
+		poll(t, tab, "the token kept in the tab only", fmt.Sprintf(`!location.href.includes(%q) && localStorage.length === 0 && `+
+			`sessionStorage.getItem("registry-token") === %q`, readTok, readTok))
+	})
+
+	t.Run("an operate token drains", func(t *testing.T) {
+		useToken(t, operTok)
+		poll(t, tab, "w-1 shown again after the token change", cell("web/w-1", "lifecycle")+` === "SERVING"`)
+		onLiveNode(t, tab, "click Drain", chromedp.Click(chromedp.CSS(`tr[data-key="web/w-1"] button`)))
+		waitEtcd(t, rn, "web", "w-1", registryv1.Lifecycle_LIFECYCLE_DRAINING)
+		poll(t, tab, "w-1 DRAINING", cell("web/w-1", "lifecycle")+` === "DRAINING" && window.__sameDocument === true`)
+		screenshot(t, tab, "dashboard-auth-drained")
+	})
+
+	t.Run("forgetting the token hides the registry", func(t *testing.T) {
+		if err := chromedp.Do(tab, chromedp.Click(chromedp.CSS(`#token-forget`))); err != nil {
+			t.Fatal(err)
+		}
+		poll(t, tab, "nothing shown, a token asked for", `document.querySelectorAll("tr[data-key]").length === 0 && `+
+			message+`.includes("enter a read token") && sessionStorage.getItem("registry-token") === null`)
+	})
+}
+
+// The page follows its regnode across a restart without a reload: when
+// the stream ends it says so and reconnects by itself, resuming after the
+// last whole transaction it applied, and what changed meanwhile shows.
+func TestDashboardReconnects(t *testing.T) {
+	chromium(t) // skip before starting anything
+	m := etcdtest.Start(t, false)
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+	cfg := node.Config{EtcdEndpoints: []string{m.ClientURL}, Name: "rn-a", MetricsListen: httpAddr}
+	first := regnodetest.StartWith(t, cfg, m.ClientURL)
+	cc, err := grpc.NewClient(first.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := registryv1.NewRegistryClient(cc).Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Hour),
+		Instance: &registryv1.Instance{Service: "web", Id: "w-1", Address: "127.0.0.1:9002"}}); err != nil {
+		t.Fatal(err)
+	}
+	tab := browser(t, ctx)
+	if err := chromedp.Do(tab, chromedp.Navigate("http://"+httpAddr+"/"), chromedp.WaitVisible(chromedp.CSS(`tr[data-key="web/w-1"]`))); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, tab, "live", `document.getElementById("conn").textContent === "live"`)
+	if _, err := chromedp.Run(tab, chromedp.Evaluate[bool](`window.__sameDocument = true`)); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := first.Node.Close(); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, tab, "the page saying it lost the stream", `document.getElementById("conn").textContent === "reconnecting…"`)
+	// Meanwhile, straight in etcd's registry through another regnode: w-1
+	// leaves and w-2 comes.
+	other := regnodetest.StartExternal(t, m.ClientURL)
+	cc2, err := grpc.NewClient(other.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc2.Close()
+	rpc := registryv1.NewRegistryClient(cc2)
+	if _, err := rpc.Deregister(ctx, &registryv1.DeregisterRequest{Service: "web", Id: "w-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rpc.Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Hour),
+		Instance: &registryv1.Instance{Service: "web", Id: "w-2", Address: "127.0.0.1:9003"}}); err != nil {
+		t.Fatal(err)
+	}
+	regnodetest.StartWith(t, cfg, m.ClientURL) // the regnode back, on the same HTTP port
+	poll(t, tab, "w-2 shown and w-1 gone, live again, in the same document", cell("web/w-2", "address")+` === "127.0.0.1:9003" && `+
+		`document.querySelector('tr[data-key="web/w-1"]') === null && document.getElementById("conn").textContent === "live" && window.__sameDocument === true`)
 }

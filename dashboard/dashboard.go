@@ -14,8 +14,13 @@
 // members are not in the instance fan-out.
 //
 // Drain and undrain are real <button>s posting to the API; in read-only
-// mode they are shown disabled with the reason. Every control is usable
-// with the keyboard and shows its focus.
+// mode they are shown disabled with the reason. With Config.Auth (regnode
+// --auth) the page asks for a token and sends it as "Authorization:
+// Bearer" with every call, the watch stream included (read with fetch,
+// since EventSource sends no headers); the regnode judges it as it judges
+// any gRPC caller, so a read token shows the registry and only an operate
+// token drains. The token is kept in the tab's sessionStorage, never in a
+// URL. Every control is usable with the keyboard and shows its focus.
 package dashboard
 
 import (
@@ -35,9 +40,13 @@ type Config struct {
 	// ReadOnly shows drain and undrain disabled, for an API that refuses
 	// them (see httpapi.Config.ReadOnly).
 	ReadOnly bool
+	// Auth says the regnode checks tokens (--auth): the page shows a
+	// token field and sends the token entered with every call.
+	Auth bool
 }
 
-// DefaultConfig is a dashboard with drain and undrain enabled.
+// DefaultConfig is a dashboard with drain and undrain enabled and no
+// token field.
 func DefaultConfig() Config { return Config{} }
 
 // Validate reports a Config that cannot work (none, today).

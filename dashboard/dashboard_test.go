@@ -19,10 +19,11 @@ func get(t *testing.T, h http.Handler, method, path string) (*http.Response, str
 }
 
 // The page and its assets come from the binary, locked to their own
-// origin by CSP; the read-only mode reaches the page.
+// origin by CSP; the read-only mode and the token field (with auth) reach
+// the page.
 func TestServesEmbeddedAssets(t *testing.T) {
 	for _, ro := range []bool{false, true} {
-		h, err := dashboard.New(dashboard.Config{ReadOnly: ro})
+		h, err := dashboard.New(dashboard.Config{ReadOnly: ro, Auth: !ro})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,6 +38,9 @@ func TestServesEmbeddedAssets(t *testing.T) {
 		}
 		if !strings.Contains(body, want) || strings.Contains(body, `id="readonly"`) != ro {
 			t.Errorf("read-only %v: page lacks %s or has the wrong banner", ro, want)
+		}
+		if strings.Contains(body, `<meta name="registry-auth" content="true">`) != !ro || strings.Contains(body, `id="token"`) != !ro {
+			t.Errorf("auth %v: the page's token field or its meta is wrong", !ro)
 		}
 		if strings.Contains(body, "http://") || strings.Contains(body, "https://") {
 			t.Errorf("the page refers to another origin")

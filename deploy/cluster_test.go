@@ -86,6 +86,7 @@ func TestStatefulSetFormsACluster(t *testing.T) {
 		}
 	}
 	root := t.TempDir()
+	started := time.Now() // for the log only: the test waits on conditions
 	type pod struct {
 		name   string
 		cmd    *exec.Cmd
@@ -192,6 +193,7 @@ func TestStatefulSetFormsACluster(t *testing.T) {
 		}
 		last = fmt.Sprintf("%d serving, %d reporting, %d leading (%s)", serving, reported, leaders, last)
 		if serving == replicas && reported == replicas && leaders == 1 {
+			t.Logf("%d pods serving, one etcd cluster with one prober leader, %s after the first start", replicas, time.Since(started).Round(10*time.Millisecond))
 			break
 		}
 		if time.Now().After(deadline) {

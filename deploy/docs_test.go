@@ -120,3 +120,75 @@ func TestDocsRegnodeFlags(t *testing.T) {
 		t.Fatalf("found only %d regnode flags in the docs' commands: the scan is broken", seen)
 	}
 }
+
+// TestDocsPackages checks the package tables (a table headed
+// "| package | owns |") of README.md and docs/architecture.md: every name
+// in their first column is a directory of the repository, and
+// architecture.md's names every Go package the repository has, so a
+// renamed, removed or new package shows up here.
+func TestDocsPackages(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile("`([^`]+)`")
+	tables := map[string]map[string]bool{}
+	for _, f := range []string{"README.md", filepath.Join("docs", "architecture.md")} {
+		named := map[string]bool{}
+		in := false
+		for _, line := range strings.Split(string(readFile(t, filepath.Join(root, f))), "\n") {
+			switch {
+			case strings.HasPrefix(line, "| package | owns |"):
+				in = true
+			case in && strings.HasPrefix(line, "|"):
+				cells := strings.Split(line, "|")
+				for _, m := range name.FindAllStringSubmatch(cells[1], -1) {
+					p := m[1]
+					named[p] = true
+					if fi, err := os.Stat(filepath.Join(root, p)); err != nil || !fi.IsDir() {
+						t.Errorf("%s's package table names %q, which is no directory of the repository", f, p)
+					}
+				}
+			default:
+				in = false
+			}
+		}
+		if len(named) < 10 {
+			t.Fatalf("%s: found %d packages in its package table: the scan is broken", f, len(named))
+		}
+		tables[f] = named
+	}
+	arch := tables[filepath.Join("docs", "architecture.md")]
+	seen := map[string]bool{}
+	err = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if d.IsDir() {
+			if base := d.Name(); base == ".git" || base == "testdata" || strings.HasPrefix(base, ".") && rel != "." ||
+				strings.HasPrefix(rel, "deploy"+string(filepath.Separator)) {
+				return filepath.SkipDir // deploy's own files are one entry, `deploy`
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		dir := filepath.ToSlash(filepath.Dir(rel))
+		if dir == "." {
+			return nil
+		}
+		if !arch[dir] && !seen[dir] {
+			t.Errorf("docs/architecture.md's package table does not name package %s", dir)
+		}
+		seen[dir] = true
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) < 30 {
+		t.Fatalf("found %d Go packages in the repository: the walk is broken", len(seen))
+	}
+}

@@ -72,12 +72,13 @@ func TestAlertRules(t *testing.T) {
 	}
 	// What operators were promised alerts on (docs/operations.md).
 	for _, m := range []string{
-		"registry_prober_leader",             // no prober leader
-		"registry_etcd_watch_restarts_total", // etcd watch restarts
-		"registry_resets_sent_total",         // subscriber resets
-		"registry_fence_rejections_total",    // fence rejections
-		"registry_instances",                 // instances UNAVAILABLE
-		"registry_client_no_instance_total",  // clients that cannot call
+		"registry_prober_leader",                 // no prober leader
+		"registry_etcd_watch_restarts_total",     // etcd watch restarts
+		"registry_resets_sent_total",             // subscriber resets
+		"registry_fence_rejections_total",        // fence rejections
+		"registry_instances",                     // instances UNAVAILABLE
+		"registry_client_no_instance_total",      // clients that cannot call
+		"registry_client_disk_cache_age_seconds", // a client serving its disk cache
 	} {
 		if !used[m] {
 			t.Errorf("no alert uses %s", m)

@@ -24,4 +24,14 @@
 // Failures are the outcomes Timeout, Error and Unhealthy; a slow answer is a
 // response, not a failure: it degrades a HEALTHY instance but never makes
 // one UNAVAILABLE.
+//
+// Three things in this module are called health; this package is only the
+// first:
+//   - package health: an instance's health as the prober judges it (this
+//     state machine), written into the record's Health field;
+//   - registryv1.Health: that field of the record (state, since, reason,
+//     latency, observer, fence), the only place the judgment is stored;
+//   - grpc.health.v1: the standard gRPC health service, which regnode
+//     serves for itself (is this regnode up) and which package probe's
+//     gRPC check calls on an instance (kind GRPC).
 package health

@@ -20,8 +20,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/etcdtest"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
@@ -96,6 +98,68 @@ func registerBig(t *testing.T, api registryv1.RegistryClient, ids []string, addr
 	return leases, last
 }
 
+// recvSizes is a client-side grpc stats handler that keeps the size of
+// every message its ClientConn received: what the bound on messages is
+// about, measured where it matters (the receiving end), on either path.
+type recvSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (r *recvSizes) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (r *recvSizes) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (r *recvSizes) HandleConn(context.Context, stats.ConnStats) {}
+
+func (r *recvSizes) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if in, ok := s.(*stats.InPayload); ok {
+		r.mu.Lock()
+		r.sizes = append(r.sizes, in.Length)
+		r.mu.Unlock()
+	}
+}
+
+// since returns the largest message received from the from-th on, and
+// how many of them were larger than half a chunk (the chunks of a large
+// unit: every one but its last is close to chunk.MaxBytes).
+func (r *recvSizes) since(from int) (largest, big int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range r.sizes[from:] {
+		largest = max(largest, n)
+		if n > chunk.MaxBytes/2 {
+			big++
+		}
+	}
+	return largest, big
+}
+
+func (r *recvSizes) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.sizes)
+}
+
+// sizedClient is an SDK client of endpoints whose received messages are
+// measured; watch selects the Watch stream per subscription (the old
+// path) instead of the Client's one Subscribe stream.
+func sizedClient(t *testing.T, endpoints []string, watch bool) (*client.Client, *recvSizes) {
+	r := &recvSizes{}
+	c, err := client.New(client.Config{Endpoints: endpoints, WatchPerSubscription: watch,
+		DialOptions: []grpc.DialOption{grpc.WithStatsHandler(r)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, r
+}
+
+// maxMessage bounds every message a subscriber receives: a chunk of at
+// most chunk.MaxBytes, and the Subscribe stream's envelope around it (the
+// service's name, tags and lengths).
+const maxMessage = chunk.MaxBytes + 1<<10
+
 func countInEtcd(t *testing.T, cli *clientv3.Client, service string) int64 {
 	t.Helper()
 	resp, err := cli.Get(context.Background(), record.NewKeys("").Service(service), clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -110,7 +174,9 @@ func countInEtcd(t *testing.T, cli *clientv3.Client, service string) int64 {
 // regctl watch, SDK subscriptions and a registry:/// ClientConn all work;
 // a subscriber cut off while 400 of them are removed and 400 new ones register
 // resumes from the ring (a replay of about 5.7 MiB, in chunks) and every
-// view it showed is one etcd had (the fault suite's checker).
+// view it showed is one etcd had (the fault suite's checker). Subscribers
+// ride both the Client's Subscribe stream and a Watch stream per
+// subscription, and no message any of them receives is over a chunk.
 func TestThousandLargeRecords(t *testing.T) {
 	regctl := buildRegctl(t)
 	cl := StartCluster(t, regnodeBin, 1)
@@ -132,11 +198,21 @@ func TestThousandLargeRecords(t *testing.T) {
 		t.Fatalf("etcd holds %d instances, want 1000", n)
 	}
 
-	// SDK subscriptions: one straight to regnode, one behind a link to cut.
+	// SDK subscriptions: one straight to regnode, one behind a link to
+	// cut, on the Client's Subscribe stream (the SDK's default) and on a
+	// Watch stream per subscription (Config.WatchPerSubscription).
 	link := etcdtest.NewProxy(t, cl.Nodes[0].API)
-	direct := Follow(t, newClient(t, cl.APIs()), "direct", 0)
-	cut := Follow(t, newClient(t, []string{link.Addr()}), "cut", 0)
-	for _, s := range []*Subscriber{direct, cut} {
+	directC, directSizes := sizedClient(t, cl.APIs(), false)
+	cutC, cutSizes := sizedClient(t, []string{link.Addr()}, false)
+	directWC, directWSizes := sizedClient(t, cl.APIs(), true)
+	cutWC, cutWSizes := sizedClient(t, []string{link.Addr()}, true)
+	direct := Follow(t, directC, "direct", 0)
+	cut := Follow(t, cutC, "cut", 0)
+	directW := Follow(t, directWC, "direct-watch", 0)
+	cutW := Follow(t, cutWC, "cut-watch", 0)
+	subs := []*Subscriber{direct, cut, directW, cutW}
+	sizes := []*recvSizes{directSizes, cutSizes, directWSizes, cutWSizes}
+	for _, s := range subs {
 		deadline := time.Now().Add(30 * time.Second)
 		for s.Sub.Revision() < last || len(s.Sub.Instances("bigsvc")) != 1000 {
 			if time.Now().After(deadline) {
@@ -144,6 +220,17 @@ func TestThousandLargeRecords(t *testing.T) {
 					s.Name, len(s.Sub.Instances("bigsvc")), s.Sub.Revision(), last, s.Sub.LastError())
 			}
 			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for i, s := range subs {
+		largest, big := sizes[i].since(0)
+		t.Logf("subscriber %s: the snapshot of 1,000 records came in %d messages over %d bytes, the largest %d bytes",
+			s.Name, big, chunk.MaxBytes/2, largest)
+		if largest > maxMessage {
+			t.Errorf("subscriber %s received a message of %d bytes, over the bound of %d", s.Name, largest, maxMessage)
+		}
+		if big < 10 {
+			t.Errorf("subscriber %s: the ~14 MiB snapshot came in %d messages near %d bytes, want at least 10", s.Name, big, chunk.MaxBytes)
 		}
 	}
 
@@ -222,7 +309,8 @@ func TestThousandLargeRecords(t *testing.T) {
 
 	// Cut; 400 expire, 400 new register; heal.
 	link.Cut()
-	cutAt := cut.Sub.Revision()
+	cutAt, cutWAt := cut.Sub.Revision(), cutW.Sub.Revision()
+	cutFrom, cutWFrom := cutSizes.count(), cutWSizes.count()
 	var revoked sync.WaitGroup
 	sem := make(chan struct{}, 8)
 	for _, id := range expiring {
@@ -248,27 +336,41 @@ func TestThousandLargeRecords(t *testing.T) {
 		fresh[i] = fmt.Sprintf("new-%04d", i)
 	}
 	_, last = registerBig(t, api, fresh, backends, time.Hour)
-	if cut.Sub.Revision() != cutAt {
-		t.Fatalf("the cut subscriber moved from %d to %d while cut", cutAt, cut.Sub.Revision())
+	if cut.Sub.Revision() != cutAt || cutW.Sub.Revision() != cutWAt {
+		t.Fatalf("the cut subscribers moved from %d and %d to %d and %d while cut", cutAt, cutWAt, cut.Sub.Revision(), cutW.Sub.Revision())
 	}
-	resetsBefore := cut.Sub.Stats().Resets
+	resetsBefore := []int{cut.Sub.Stats().Resets, cutW.Sub.Stats().Resets}
 	link.Heal()
 	healed := time.Now()
-	deadline = time.Now().Add(60 * time.Second)
-	for cut.Sub.Revision() < last {
-		if time.Now().After(deadline) {
-			t.Fatalf("the healed subscriber is stuck at %d, etcd at %d (last error %v)", cut.Sub.Revision(), last, cut.Sub.LastError())
+	for i, s := range []*Subscriber{cut, cutW} {
+		deadline = time.Now().Add(60 * time.Second)
+		for s.Sub.Revision() < last {
+			if time.Now().After(deadline) {
+				t.Fatalf("the healed subscriber %s is stuck at %d, etcd at %d (last error %v)", s.Name, s.Sub.Revision(), last, s.Sub.LastError())
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		time.Sleep(50 * time.Millisecond)
+		if r := s.Sub.Stats().Resets; r != resetsBefore[i] {
+			t.Errorf("the healed subscriber %s was reset %d times; the ring holds the 800 missed changes (a replay of %d+ bytes in %d-byte chunks)",
+				s.Name, r-resetsBefore[i], 400*14<<10, chunk.MaxBytes)
+		}
+		if got := len(s.Sub.Instances("bigsvc")); got != 1000 {
+			t.Fatalf("the healed subscriber %s holds %d instances, want 1000", s.Name, got)
+		}
 	}
-	if r := cut.Sub.Stats().Resets; r != resetsBefore {
-		t.Errorf("the healed subscriber was reset %d times; the ring holds the 800 missed changes (a replay of %d+ bytes in %d-byte chunks)",
-			r-resetsBefore, 400*14<<10, chunk.MaxBytes)
-	}
-	t.Logf("regctl list of 1,000 records took %s; the healed subscriber caught up on 800 changes in %s",
+	t.Logf("regctl list of 1,000 records took %s; the healed subscribers caught up on 800 changes in %s",
 		listTook.Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
-	if got := len(cut.Sub.Instances("bigsvc")); got != 1000 {
-		t.Fatalf("the healed subscriber holds %d instances, want 1000", got)
+	for _, m := range []struct {
+		s     *Subscriber
+		sizes *recvSizes
+		from  int
+	}{{cut, cutSizes, cutFrom}, {cutW, cutWSizes, cutWFrom}} {
+		largest, big := m.sizes.since(m.from)
+		t.Logf("subscriber %s: the replay after the heal came in %d messages over %d bytes, the largest %d bytes",
+			m.s.Name, big, chunk.MaxBytes/2, largest)
+		if largest > maxMessage {
+			t.Errorf("subscriber %s received a message of %d bytes, over the bound of %d", m.s.Name, largest, maxMessage)
+		}
 	}
 
 	// The checker: every view of both subscribers existed in etcd.
@@ -276,14 +378,18 @@ func TestThousandLargeRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.WaitFor(t, max(head.Header.Revision, direct.Sub.Revision(), cut.Sub.Revision()))
+	rev := head.Header.Revision
+	for _, s := range subs {
+		rev = max(rev, s.Sub.Revision())
+	}
+	h.WaitFor(t, rev)
 	events, upTo := h.Events()
-	rep := Check(events, upTo, []*Subscriber{direct, cut}, nil)
+	rep := Check(events, upTo, subs, nil, 0)
 	t.Logf("checked %d views against %d etcd events; %d violations", rep.Views, rep.Events, len(rep.Violations))
 	for _, v := range rep.Violations {
 		t.Errorf("violation: %s", v)
 	}
-	if rep.Views < 4 {
+	if rep.Views < 8 {
 		t.Errorf("only %d views checked", rep.Views)
 	}
 }

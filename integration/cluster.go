@@ -153,6 +153,21 @@ func (c *Cluster) stopAll() {
 			<-done
 		}
 	}
+	if c.t.Failed() {
+		// What the regnodes said is often what explains a violation.
+		for _, nd := range c.Nodes {
+			c.t.Logf("%s's last words:\n%s", nd.Name, lastLines(nd.Stderr(), 60))
+		}
+	}
+}
+
+// lastLines is s's last n lines.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // WaitServing waits until nd's API answers health checks as SERVING.

@@ -28,6 +28,7 @@ type Event struct {
 	Value  []byte
 	Delete bool
 	Create int64 // the key's create revision (puts)
+	Lease  int64 // the lease the key was put under (puts)
 }
 
 // History records every change under the registry prefix from revision 1,
@@ -77,7 +78,7 @@ func RecordHistory(t testing.TB, cli *clientv3.Client) *History {
 				if ok {
 					for _, ev := range resp.Events {
 						h.events = append(h.events, Event{Rev: ev.Kv.ModRevision, Key: string(ev.Kv.Key), Value: ev.Kv.Value,
-							Delete: ev.Type == clientv3.EventTypeDelete, Create: ev.Kv.CreateRevision})
+							Delete: ev.Type == clientv3.EventTypeDelete, Create: ev.Kv.CreateRevision, Lease: ev.Kv.Lease})
 						h.rev = max(h.rev, ev.Kv.ModRevision)
 					}
 					if resp.IsProgressNotify() {
@@ -276,7 +277,14 @@ func (r *Report) fail(format string, args ...any) {
 //
 // Views newer than upTo (the revision the history is complete up to) are
 // not judged: the prober keeps writing while the checker runs.
-func Check(events []Event, upTo int64, subs []*Subscriber, open []string) Report {
+//
+// open are the registrations still open, each of which etcd must hold at
+// revision openAt (0: at the end of events). A finish that saw them all
+// held at one revision passes that revision: a lease revoked later (etcd's
+// own old leader can revoke leases it thinks expired when it resumes from
+// a pause, etcd-io/etcd#15247) is brought back by its keeper, but maybe
+// only after the history's end.
+func Check(events []Event, upTo int64, subs []*Subscriber, open []string, openAt int64) Report {
 	keys := record.NewKeys("")
 	var rep Report
 	rep.Events = len(events)
@@ -401,13 +409,20 @@ func Check(events []Event, upTo int64, subs []*Subscriber, open []string) Report
 	// Every registration still open is in etcd at the end.
 	final := map[string]bool{}
 	for _, ev := range events {
+		if openAt > 0 && ev.Rev > openAt {
+			break // sorted by revision
+		}
 		if isInstance(ev.Key) {
 			final[ev.Key] = decode(ev) != nil
 		}
 	}
 	for _, key := range open {
 		if !final[key] {
-			rep.fail("%s: its registration is open but etcd does not hold it at the end (lease lost and not registered again?)", key)
+			at := "the end"
+			if openAt > 0 {
+				at = fmt.Sprintf("revision %d", openAt)
+			}
+			rep.fail("%s: its registration is open but etcd does not hold it at %s (lease lost and not registered again?); its events: %s", key, at, trail(events, key))
 		}
 	}
 	return rep
@@ -572,4 +587,27 @@ func allRoutable(ivs [][2]int64, lo, hi int64) bool {
 		}
 	}
 	return false
+}
+
+// trail is key's events, oldest first, as "rev:put@lease" and "rev:delete",
+// so a violation says how the key got where it is.
+func trail(events []Event, key string) string {
+	var b strings.Builder
+	for _, ev := range events {
+		if ev.Key != key {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(" ")
+		}
+		if ev.Delete {
+			fmt.Fprintf(&b, "%d:delete", ev.Rev)
+		} else {
+			fmt.Fprintf(&b, "%d:put@%x", ev.Rev, ev.Lease)
+		}
+	}
+	if b.Len() == 0 {
+		return "none"
+	}
+	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/regcluster/registry/client"
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/etcdtest"
@@ -75,7 +76,9 @@ func split(s *Subscriber) (before, after *Subscriber, ok bool) {
 // revision is below the snapshot's), one after (above it), and three stay
 // connected. Every one ends on the restored state through a new-epoch
 // reset; views before it are judged against the old history and views
-// from it against the restored one.
+// from it against the restored one. One of the connected subscribers
+// rides a Watch stream per subscription, the others the Client's one
+// Subscribe stream.
 func TestRestoreEtcdFromSnapshot(t *testing.T) {
 	e := setup(t, options{every: 100 * time.Millisecond, external: true})
 	var lateLinks []*etcdtest.Proxy
@@ -86,7 +89,15 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 		lateAddrs = append(lateAddrs, p.Addr())
 	}
 	late := Follow(t, newClient(t, lateAddrs), "late", 0)
-	e.subs = append(e.subs, late)
+	// The Watch stream per subscription (Config.WatchPerSubscription)
+	// goes through the restore too; the others ride the Client's one
+	// Subscribe stream, the SDK's default.
+	wc, err := client.New(client.Config{Endpoints: e.cl.APIs(), WatchPerSubscription: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { wc.Close() })
+	e.subs = append(e.subs, late, Follow(t, wc, "all-watch", 0))
 	ctx := context.Background()
 	oldEpoch, _, err := epoch.Read(ctx, e.cl.Etcd, epoch.Key(""))
 	if err != nil || oldEpoch == "" {
@@ -135,7 +146,9 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 	<-e.h.done
 	oldEvents, _ := e.h.Events()
 
+	restoreStart := time.Now()
 	restore(t, e.members, snapPath)
+	restoreTook := time.Since(restoreStart)
 	// The restored history from revision 1 (the snapshot holds it all).
 	h2 := RecordHistory(t, e.cl.Etcd)
 	time.Sleep(2 * time.Second)
@@ -153,6 +166,13 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 	if err != nil || newEpoch == "" || newEpoch == oldEpoch {
 		t.Fatalf("epoch after the restore %q (before %q): %v", newEpoch, oldEpoch, err)
 	}
+	// A registration made after the snapshot has no lease in the restored
+	// etcd: its keeper learns so at its next renewal and registers again.
+	// Wait for that (the checker wants every open one in etcd at the end).
+	open := e.w.Open()
+	heldAt := e.waitOpen(open)
+	t.Logf("the restore (members stopped, restored, started) took %s; %d open registrations were back %s after it began",
+		restoreTook.Round(time.Millisecond), len(open), time.Since(restoreStart).Round(time.Millisecond))
 	head, err = e.cl.Etcd.Get(ctx, "settle")
 	if err != nil {
 		t.Fatal(err)
@@ -186,8 +206,8 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 		}
 		before, after = append(before, b), append(after, a)
 	}
-	old := Check(oldEvents, oldHead, before, nil)
-	restored := Check(newEvents, upTo, after, e.w.Open())
+	old := Check(oldEvents, oldHead, before, nil, 0)
+	restored := Check(newEvents, upTo, after, open, heldAt)
 	t.Logf("workload: %s", e.w)
 	t.Logf("old history: %d views against %d events; restored: %d views against %d events, %d drain checks; %d+%d violations",
 		old.Views, old.Events, restored.Views, restored.Events, restored.DrainChecks, len(old.Violations), len(restored.Violations))
@@ -198,8 +218,11 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 		t.Errorf("too little checked: %d views before, %d after", old.Views, restored.Views)
 	}
 	for _, s := range e.subs {
-		if n := s.Sub.Stats().Cache.NewEpochs; n < 1 {
+		st := s.Sub.Stats()
+		if n := st.Cache.NewEpochs; n < 1 {
 			t.Errorf("subscriber %s: %d new epochs", s.Name, n)
 		}
+		t.Logf("subscriber %s: %d new-epoch resets, %d resets, %d reconnects; ends at revision %d of the restored epoch",
+			s.Name, st.Cache.NewEpochs, st.Resets, st.Reconnects, s.Sub.Revision())
 	}
 }

@@ -129,27 +129,8 @@ func (e *env) finish(extraOpen ...string) Report {
 	for _, p := range e.cut {
 		p.Heal()
 	}
-	// Every open registration must be (back) in etcd, under a lease that
-	// is being renewed: a record whose lease is running out (its keeper
-	// lost touch during the fault and has not yet learned the lease is
-	// gone) would be found here, expire a moment later, and be back only
-	// after the history's end, a violation that is the check's, not the
-	// registry's. A renewed lease has at least half its TTL left (the
-	// keeper renews every third of it).
-	deadline := time.Now().Add(20 * time.Second)
 	open := append(e.w.Open(), extraOpen...)
-	for _, key := range open {
-		for {
-			resp, err := e.cl.Etcd.Get(context.Background(), key)
-			if err == nil && len(resp.Kvs) == 1 && leaseRenewed(e.cl.Etcd, resp.Kvs[0].Lease) {
-				break
-			}
-			if time.Now().After(deadline) {
-				break // the checker reports it
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	heldAt := e.waitOpen(open)
 	head, err := e.cl.Etcd.Get(context.Background(), "settle")
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +153,7 @@ func (e *env) finish(extraOpen ...string) Report {
 	}
 	e.h.WaitFor(t, rev)
 	events, upTo := e.h.Events()
-	rep := Check(events, upTo, e.subs, open)
+	rep := Check(events, upTo, e.subs, open, heldAt)
 	calls, served := e.w.Calls()
 	CheckCalls(&rep, events, upTo, calls, served)
 	resets := ""
@@ -189,7 +170,59 @@ func (e *env) finish(extraOpen ...string) Report {
 	if rep.Views == 0 || rep.Events == 0 {
 		t.Error("nothing was checked")
 	}
+	if rep.Calls == 0 {
+		t.Error("no call through registry:/// was judged: the callers' rule checked nothing")
+	}
 	return rep
+}
+
+// waitOpen waits until etcd holds every open registration (back) under a
+// lease that is being renewed, all of them at one revision, and returns
+// that revision: a record whose lease is running out (its keeper lost
+// touch during the fault and has not yet learned the lease is gone) would
+// be found here, expire a moment later, and be back only after the
+// history's end, a violation that is the check's, not the registry's. A
+// renewed lease has at least half its TTL left (the keeper renews every
+// third of it). The checker judges invariant 4 at the revision returned:
+// a lease revoked after it (a resumed etcd leader revoking leases it
+// thinks expired, etcd-io/etcd#15247) is the keeper's to bring back, as it
+// does, but maybe after the history's end. Not all held within the
+// deadline fails the test.
+func (e *env) waitOpen(open []string) int64 {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rev, missing := held(e.cl.Etcd, open)
+		if len(missing) == 0 {
+			return rev
+		}
+		if time.Now().After(deadline) {
+			e.t.Errorf("open registrations not all held under renewed leases at any one revision within 20s; last missing: %v", missing)
+			return 0 // the checker judges at the end
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// held reads the registry's keys at one revision and returns it with the
+// keys of open that are absent or under a lease not being renewed.
+func held(cli *clientv3.Client, open []string) (int64, []string) {
+	resp, err := cli.Get(context.Background(), record.NewKeys("").Prefix(), clientv3.WithPrefix())
+	if err != nil {
+		return 0, []string{fmt.Sprintf("(read failed: %v)", err)}
+	}
+	leases := map[string]int64{}
+	for _, kv := range resp.Kvs {
+		leases[string(kv.Key)] = kv.Lease
+	}
+	var missing []string
+	for _, key := range open {
+		l, ok := leases[key]
+		if !ok || !leaseRenewed(cli, l) {
+			missing = append(missing, key)
+		}
+	}
+	return resp.Header.Revision, missing
 }
 
 // leaseRenewed reports whether lease id has at least half its granted

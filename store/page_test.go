@@ -140,3 +140,62 @@ func TestListRacingWriter(t *testing.T) {
 	}
 	t.Logf("%d of 40 lists overlapped a write", raced)
 }
+
+// ListPage's later pages are read at the revision of the first, whatever
+// lands between the calls: a rewrite of every record, a delete and a new
+// record after the last key are all unseen, so the pages together are the
+// records as they were at the first page's revision.
+func TestListPageCursorPinsRevision(t *testing.T) {
+	cli := etcdtest.Start(t, false).Client(t)
+	keys := record.NewKeys("")
+	if _, err := bumpAll(cli, keys, 0); err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.New(store.Config{Client: cli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	first, err := s.ListPage(ctx, "orders", store.Cursor{}, 3, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Next == nil || len(first.Instances) != 3 {
+		t.Fatalf("first page: %d instances, next %v; want 3 and a next page", len(first.Instances), first.Next)
+	}
+	// Between the pages: every record rewritten, the last deleted, and a
+	// new one that sorts after every other.
+	if _, err := bumpAll(cli, keys, 1); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := cli.Delete(ctx, keys.Instance("orders", fmt.Sprintf("o-%02d", pageRecords-1))); err != nil || r.Deleted != 1 {
+		t.Fatalf("delete the last record: %v", err)
+	}
+	b, err := record.Encode(&registryv1.Instance{Service: "orders", Id: "o-99", Address: "10.0.0.1:80", Version: "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, keys.Instance("orders", "o-99"), string(b)); err != nil {
+		t.Fatal(err)
+	}
+	insts := first.Instances
+	pages := 1
+	for cur := first.Next; cur != nil; pages++ {
+		p, err := s.ListPage(ctx, "orders", *cur, 3, 1<<20)
+		if err != nil {
+			t.Fatalf("page %d: %v", pages+1, err)
+		}
+		if p.Revision != first.Revision {
+			t.Fatalf("page %d says revision %d, the first page %d", pages+1, p.Revision, first.Revision)
+		}
+		insts = append(insts, p.Instances...)
+		cur = p.Next
+	}
+	oneRevision(t, insts, first.Revision)
+	if insts[0].Version != "0" {
+		t.Fatalf("pages at %d show version %s, want the one before the writes between pages", first.Revision, insts[0].Version)
+	}
+	if pages != pageRecords/3 {
+		t.Fatalf("%d pages of 3, want %d", pages, pageRecords/3)
+	}
+}

@@ -157,7 +157,9 @@ func (s *Store) RegisterAs(ctx context.Context, sec string, in *registryv1.Insta
 			Then: []clientv3.Op{clientv3.OpPut(key, string(val), clientv3.WithLease(lease)), clientv3.OpPut(skey, sval)},
 			Else: []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(skey)}})
 		if err != nil {
-			s.revoke(lease) // it may have landed: the lease must not outlive the call
+			// It may have landed: the lease must not outlive the call.
+			s.log.Warn("register write failed; revoking the lease it may have landed under", "key", key, "lease", fmt.Sprintf("%x", int64(lease)), "err", err)
+			s.revoke(lease)
 			return nil, fmt.Errorf("register %s: %w", key, err)
 		}
 		if !resp.Succeeded {
@@ -167,6 +169,7 @@ func (s *Store) RegisterAs(ctx context.Context, sec string, in *registryv1.Insta
 			continue
 		}
 		if oldLease != 0 && oldLease != int64(lease) {
+			s.log.Info("registered again over its own live record; revoking the record's old lease", "key", key, "old", fmt.Sprintf("%x", oldLease), "lease", fmt.Sprintf("%x", int64(lease)))
 			s.revoke(clientv3.LeaseID(oldLease))
 		}
 		reg := s.registered(inst, lease, ttl, resp.Revision)

@@ -111,12 +111,28 @@ func reason(err error) string {
 	return err.Error()
 }
 
+// flagOf is the register flag that sets each record field the registry's
+// rules name.
+var flagOf = map[string]string{
+	"service": "--service", "id": "--id", "address": "--address", "zone": "--zone",
+	"version": "--version", "weight": "--weight", "metadata": "--meta", "ttl": "--ttl",
+	"check.kind": "--check", "check.target": "--check", "check.interval": "--check-interval",
+	"check.timeout": "--check-timeout", "drain_grace": "--drain-grace",
+}
+
 // fieldUsage makes a value the registry's rules refuse a usage error (exit
-// 2: the command line is wrong, nothing is sent) that still names the
-// record's field, as the regnode would ("invalid weight: ...").
+// 2: the command line is wrong, nothing is sent) naming the flag that was
+// given and, as the regnode would, the record's field
+// ("--weight: invalid weight: ...").
 func fieldUsage(err error) error {
 	if err == nil {
 		return nil
+	}
+	var fe *record.FieldError
+	if errors.As(err, &fe) {
+		if flag, ok := flagOf[fe.Field]; ok {
+			return usagef("%s: %v", flag, err)
+		}
 	}
 	return usagef("%v", err)
 }

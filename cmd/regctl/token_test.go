@@ -183,10 +183,9 @@ func TestTokens(t *testing.T) {
 	}
 	mustOK(t, ctl(admin, "token", "revoke", "reader"))
 	// Refused by every regnode: waited for, not timed.
-	for i, n := range rns {
+	for _, n := range rns {
 		waitRefused(t, n.Addr, reader, "unknown or revoked")
 		waitRefused(t, n.Addr, short, "expired")
-		_ = i
 	}
 	before = headRev(t, rn)
 	for _, n := range rns {

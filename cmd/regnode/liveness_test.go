@@ -52,11 +52,22 @@ func index(log []string, from int, prefix string) int {
 // connections stay up, it answers nothing). Within the receive deadline
 // the subscriber gives up on it (Connected false, because of a stall, not
 // a transport error: keepalive would take 13s), resumes on the other
-// regnode, and a change made through that one reaches it.
+// regnode, and a change made through that one reaches it. Shown on the
+// Client's Subscribe stream (the SDK's default) and on a Watch stream per
+// subscription (Config.WatchPerSubscription).
 func TestPausedRegnodeSubscriberMovesOn(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		watch bool
+	}{{"subscribe", false}, {"watch", true}} {
+		t.Run(tc.name, func(t *testing.T) { pausedRegnodeSubscriberMovesOn(t, tc.watch) })
+	}
+}
+
+func pausedRegnodeSubscriberMovesOn(t *testing.T, watch bool) {
 	m := etcdtest.Start(t, false)
 	rs := cluster(t, m.ClientURL, 2, "2s")
-	c, err := client.New(client.Config{Endpoints: []string{rs[0].api, rs[1].api}})
+	c, err := client.New(client.Config{Endpoints: []string{rs[0].api, rs[1].api}, WatchPerSubscription: watch})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,15 +5,21 @@
 // instances. Status (leader, members, compact revision) is fetched when
 // the stream (re)connects, after a drain or undrain, and at most every
 // 5 s while progress arrives.
+//
+// The stream is read with fetch, not EventSource, because EventSource
+// cannot send an Authorization header: with --auth every call, the
+// stream included, carries the token the operator entered (kept in this
+// tab's sessionStorage, never in a URL), and the regnode judges it as any
+// gRPC caller's (read to see, operate to drain).
 "use strict";
 
 (function () {
   const readOnly = document.querySelector('meta[name="registry-read-only"]').content === "true";
+  const auth = document.querySelector('meta[name="registry-auth"]').content === "true";
   const instances = new Map(); // "service/id" -> instance (view.Instance JSON)
   let revision = 0;
   let confirmedAt = 0; // Date.now() of the last line received
   let statusAt = 0;
-  let source = null;
   let renderQueued = false;
 
   const $ = (id) => document.getElementById(id);
@@ -42,37 +48,110 @@
     const m = $("message");
     m.textContent = text;
     m.classList.toggle("error", !!isError);
+    delete m.dataset.stream; // set by connect for its own messages only
+  }
+
+  // ---- the token (only with --auth) -----------------------------------
+
+  const tokenKey = "registry-token";
+  let token = auth ? sessionStorage.getItem(tokenKey) || "" : "";
+  const withToken = (headers) => (token ? Object.assign({ Authorization: "Bearer " + token }, headers) : headers);
+
+  function useToken(t) {
+    token = t.trim();
+    if (token) sessionStorage.setItem(tokenKey, token); else sessionStorage.removeItem(tokenKey);
+    $("token").value = "";
+    $("token-state").textContent = token ? "a token is set for this tab" : "no token";
+    // Another token may see other services: start over from a snapshot.
+    revision = 0;
+    lastId = "";
+    instances.clear();
+    queueRender();
+    reconnect();
   }
 
   // ---- the stream ----------------------------------------------------
 
-  function connect() {
-    let url = "/api/v1/watch";
-    if (revision > 0) url += "?from_revision=" + revision; // a new EventSource: resume by hand
-    source = new EventSource(url);
-    source.onopen = () => {
-      setConn(true);
-      refreshStatus();
-    };
-    source.onmessage = (ev) => {
-      let line;
-      try { line = JSON.parse(ev.data); } catch (e) { return; }
-      apply(line);
-    };
-    source.onerror = () => {
-      setConn(false);
-      // The browser retries by itself (with Last-Event-ID) unless the
-      // answer was not a stream (an error status): then retry by hand.
-      if (source.readyState === EventSource.CLOSED) {
-        source = null;
-        setTimeout(connect, 2000);
-      }
-    };
+  let lastId = ""; // the id of the last complete transaction: where a reconnect resumes
+  let stream = null; // the AbortController of the stream being read
+  let retryTimer = 0;
+  let denied = false; // the last stream was refused for want of a token
+
+  function reconnect() {
+    if (stream) stream.abort();
+    stream = null;
+    clearTimeout(retryTimer);
+    connect();
   }
 
-  function setConn(up) {
+  async function connect() {
+    const ctl = new AbortController();
+    stream = ctl;
+    let url = "/api/v1/watch";
+    if (lastId) url += "?from_revision=" + encodeURIComponent(lastId);
+    let retryMs = 1000;
+    try {
+      const r = await fetch(url, { headers: withToken({ Accept: "text/event-stream" }), signal: ctl.signal, cache: "no-store" });
+      if (!r.ok) {
+        let msg = r.statusText;
+        try { msg = (await r.json()).error || msg; } catch (e) { /* not JSON */ }
+        if (r.status === 401 || r.status === 403) {
+          // No retry until another token is entered: the same one would
+          // be refused again.
+          denied = true;
+          queueRender();
+          setConn(false, "needs a token");
+          say(auth ? "This regnode checks tokens: enter a read token to see the registry, an operate token to drain (" + msg + ")." : msg, true);
+          if (auth) $("token").focus();
+          return;
+        }
+        throw new Error(msg);
+      }
+      denied = false;
+      setConn(true);
+      if ($("message").dataset.stream === "error") say("");
+      refreshStatus();
+      const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += value;
+        let end;
+        while ((end = buf.indexOf("\n\n")) >= 0) {
+          const ev = buf.slice(0, end);
+          buf = buf.slice(end + 2);
+          let data = "";
+          let id = null;
+          for (const l of ev.split("\n")) {
+            if (l.startsWith("data: ")) data += l.slice(6);
+            else if (l.startsWith("id: ")) id = l.slice(4);
+            else if (l.startsWith("retry: ")) retryMs = Number(l.slice(7)) || retryMs;
+          }
+          if (data) {
+            let line;
+            try { line = JSON.parse(data); } catch (e) { line = null; }
+            if (line) apply(line);
+          }
+          if (id !== null) lastId = id;
+        }
+      }
+    } catch (e) {
+      if (ctl.signal.aborted) return; // replaced by a newer stream
+      say("The watch broke (" + e.message + "); reconnecting.", true);
+      $("message").dataset.stream = "error";
+    }
+    if (stream !== ctl) return;
+    // The stream ended (a regnode stopping, a network blip): resume after
+    // the last whole transaction, as EventSource would with Last-Event-ID.
+    setConn(false);
+    stream = null;
+    retryTimer = setTimeout(connect, retryMs);
+  }
+
+  function setConn(up, why) {
     const c = $("conn");
-    c.textContent = up ? "live" : "reconnecting…";
+    c.textContent = up ? "live" : why || "reconnecting…";
     c.className = "conn " + (up ? "conn-up" : "conn-down");
   }
 
@@ -106,7 +185,7 @@
     statusAt = Date.now();
     statusCalls.started++;
     try {
-      const r = await fetch("/api/v1/status", { headers: { Accept: "application/json" } });
+      const r = await fetch("/api/v1/status", { headers: withToken({ Accept: "application/json" }) });
       const s = await r.json();
       if (!r.ok) throw new Error(s.error || r.statusText);
       renderStatus(s);
@@ -133,7 +212,7 @@
     try {
       const r = await fetch("/api/v1/services/" + encodeURIComponent(service) + "/instances/" + encodeURIComponent(id) + "/" + action, {
         method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        headers: withToken({ "Content-Type": "application/json", Accept: "application/json" }),
         body: action === "drain" ? JSON.stringify({ reason: "from the dashboard" }) : "{}",
       });
       const body = await r.json();
@@ -187,7 +266,7 @@
         el("th", { scope: "row" }, el("a", { href: "#svc-" + c.service, "data-focus": "link:" + c.service, text: c.service })),
         el("td", { class: "num", "data-col": "total", text: String(c.total) }), ...cells);
     }));
-    $("no-services").hidden = svcs.length > 0;
+    $("no-services").hidden = svcs.length > 0 || denied; // refused: nothing is known
 
     const sections = svcs.map((c) => {
       const rows = [...instances.values()].filter((i) => i.service === c.service)
@@ -266,6 +345,11 @@
   }
   setInterval(tick, 1000);
 
+  if (auth) {
+    $("token-form").addEventListener("submit", (ev) => { ev.preventDefault(); useToken($("token").value); });
+    $("token-forget").addEventListener("click", () => useToken(""));
+    $("token-state").textContent = token ? "a token is set for this tab" : "no token";
+  }
   render();
   connect();
 })();

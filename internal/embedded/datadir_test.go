@@ -63,7 +63,10 @@ func TestDiscardRemovesOnlyWhatItCreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.MkdirAll(filepath.Join(fresh, "member", "wal"), 0o700) // etcd began
+	// etcd began: its member directory is there.
+	if err := os.MkdirAll(filepath.Join(fresh, "member", "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	d.Discard()
 	if _, err := os.Stat(fresh); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("discarded fresh dir still there: %v", err)
@@ -78,7 +81,9 @@ func TestDiscardRemovesOnlyWhatItCreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.MkdirAll(filepath.Join(existing, "member", "wal"), 0o700)
+	if err := os.MkdirAll(filepath.Join(existing, "member", "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	d.Discard()
 	entries, err := os.ReadDir(existing)
 	if err != nil || len(entries) != 1 || entries[0].Name() != "keep" {
@@ -90,7 +95,9 @@ func TestDiscardRemovesOnlyWhatItCreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.MkdirAll(filepath.Join(used, "member", "wal"), 0o700)
+	if err := os.MkdirAll(filepath.Join(used, "member", "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	d.used = true
 	d.Discard()
 	if _, err := os.Stat(filepath.Join(used, "member", "wal")); err != nil {

