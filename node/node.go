@@ -736,7 +736,10 @@ func (n *Node) shutdown() error {
 // health-checks every instance with a check.
 func (n *Node) startProber(cfg Config, st *store.Store) error {
 	m := n.metrics
-	n.probe = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log})
+	var err error
+	if n.probe, err = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log}); err != nil {
+		return err
+	}
 	pr, err := prober.New(prober.Config{Store: st, View: n.hub.Cache().Snapshot, Probe: n.probe,
 		Thresholds: cfg.Thresholds, Interval: cfg.ProbeInterval, Concurrency: cfg.ProbeConcurrency,
 		Node: cfg.Name, Logger: n.log,
