@@ -18,12 +18,17 @@ package configerr
 import (
 	"errors"
 	"fmt"
+
+	"github.com/regcluster/registry/record"
 )
 
 // Error is one Config field a Validate refused.
 type Error struct {
 	// Component is the package whose Config it is ("watch").
 	Component string
+	// Struct is the refused struct's type name ("": "Config"; a
+	// component configured by options says "SubscribeOptions").
+	Struct string
 	// Field is the field's path below Config ("ProgressInterval",
 	// "Limits.WriteRate" for a nested component's).
 	Field string
@@ -70,8 +75,39 @@ func Within(kind error, component, field string, err error) error {
 		cause: e.cause, inner: err}
 }
 
+// Of sets e's Struct: the refusal is of a field of that struct, not of
+// Config.
+func (e *Error) Of(structName string) *Error {
+	e.Struct = structName
+	return e
+}
+
 func (e *Error) Error() string {
-	s := fmt.Sprintf("%s: Config.%s %s", e.Component, e.Field, e.Rule)
+	return e.Component + ": " + e.structName() + "." + e.Field + " " + e.reason()
+}
+
+func (e *Error) structName() string {
+	if e.Struct == "" {
+		return "Config"
+	}
+	return e.Struct
+}
+
+// As lets errors.As find a *record.FieldError (Field "Config.CloseTimeout"
+// say): the public face of a refusal, for the SDK's users, who cannot
+// name this package.
+func (e *Error) As(target any) bool {
+	fe, ok := target.(**record.FieldError)
+	if !ok {
+		return false
+	}
+	*fe = &record.FieldError{Field: e.structName() + "." + e.Field, Reason: e.reason()}
+	return true
+}
+
+// reason is the rule, the value and the cause.
+func (e *Error) reason() string {
+	s := e.Rule
 	if e.Value != nil {
 		switch v := e.Value.(type) {
 		case string:

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/regcluster/registry/record"
 )
 
 var (
@@ -24,6 +26,7 @@ func TestMessages(t *testing.T) {
 		{Because(errA, "a", "Service", "Bad", cause), `a: Config.Service is invalid, got "Bad": not a service name`},
 		{Within(errB, "b", "A", New(errA, "a", "Size", -1, "must be >= 0")), "b: Config.A.Size must be >= 0, got -1"},
 		{Within(errB, "b", "A", cause), "b: Config.A is invalid: not a service name"},
+		{New(errA, "a", "MinBackoff", -time.Second, "must be >= 0").Of("SubscribeOptions"), "a: SubscribeOptions.MinBackoff must be >= 0, got -1s"},
 	} {
 		if got := tc.err.Error(); got != tc.want {
 			t.Errorf("got %q, want %q", got, tc.want)
@@ -46,6 +49,10 @@ func TestWrapsSentinels(t *testing.T) {
 	var e *Error
 	if !errors.As(outer, &e) || e.Component != "b" || e.Field != "A.X" || e.Value != 1 {
 		t.Fatalf("errors.As: %+v", e)
+	}
+	var fe *record.FieldError
+	if !errors.As(outer, &fe) || fe.Field != "Config.A.X" || fe.Reason != "is invalid, got 1: cause" {
+		t.Errorf("errors.As *record.FieldError: %+v", fe)
 	}
 	if errors.Is(New(errA, "a", "X", 1, "r"), errB) {
 		t.Error("a's error wraps b's sentinel")
