@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-
-	"github.com/regcluster/registry/record"
 )
 
 // Liveness of a subscription (DESIGN.md, Subscription protocol): regnode
@@ -31,18 +29,6 @@ const MinReceiveDeadline = 2 * time.Second
 // ErrStalled is the error of a stream that delivered nothing within the
 // receive deadline; the subscription has moved on from it.
 var ErrStalled = errors.New("regnode sent nothing within the receive deadline")
-
-// validateLiveness checks the liveness options and fills their defaults.
-func (o *SubscribeOptions) validateLiveness() error {
-	switch {
-	case o.ReceiveDeadline == 0:
-		o.ReceiveDeadline = DefaultReceiveDeadline
-	case o.ReceiveDeadline < MinReceiveDeadline:
-		return &record.FieldError{Field: "SubscribeOptions.ReceiveDeadline",
-			Reason: fmt.Sprintf("%s is below %s (twice regnode's progress interval)", o.ReceiveDeadline, MinReceiveDeadline)}
-	}
-	return nil
-}
 
 // stallError says which regnode stalled, so the next stream avoids it
 // (regnodePolicy, pick.go).

@@ -42,7 +42,7 @@ func Run[C any](t *testing.T, base func() C, validate func(C) error, sentinel er
 		var e *configerr.Error
 		switch {
 		case err == nil:
-			t.Errorf("%s: accepted, want Config.%s refused", tc.Name, tc.Refused)
+			t.Errorf("%s: accepted, want %s refused", tc.Name, tc.Refused)
 		case !errors.As(err, &e) || !errors.Is(err, sentinel):
 			t.Errorf("%s: %v (%T) is not a *configerr.Error wrapping %v", tc.Name, err, err, sentinel)
 		case e.Field != tc.Refused:
