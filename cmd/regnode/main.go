@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/regcluster/registry/internal/buildinfo"
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/node"
 )
 
@@ -36,6 +37,40 @@ func main() {
 // usageError marks a bad command line: regnode says so, points at --help and
 // exits 2 (a failure to run exits 1).
 type usageError struct{ error }
+
+// flagOf is the flag of each node.Config field whose refusal names it
+// (configerr.Error.Field), so that a usage error names what to change on
+// the command line.
+var flagOf = map[string]string{
+	"Listen": "--listen", "MetricsListen": "--metrics-listen", "EtcdEndpoints": "--etcd-endpoints",
+	"SessionTTL": "--session-ttl", "Prefix": "--prefix", "ProbeInterval": "--probe-interval",
+	"ProbeTimeout": "--probe-timeout", "ProbeConcurrency": "--probe-concurrency",
+	"RingSize": "--watch-ring-size", "QueueSize": "--watch-queue-size", "ShutdownGrace": "--shutdown-grace",
+	"Thresholds":               "--degrade-after, --unavailable-after, --recover-after, --revive-after or --slow-threshold",
+	"Limits.WriteRate":         "--write-rate",
+	"Limits.WriteBurst":        "--write-burst",
+	"Limits.KeepAliveRate":     "--keepalive-rate",
+	"Limits.KeepAliveBurst":    "--keepalive-burst",
+	"Limits.MaxStreams":        "--max-streams-per-peer",
+	"Limits.MaxRegistrations":  "--max-registrations-per-peer",
+	"Limits.MaxWritesInFlight": "--max-writes-in-flight-per-peer",
+	"MaxRequestBytes":          "--max-request-bytes",
+	"MaxResponseBytes":         "--max-response-bytes",
+	"OperatorDeregister":       "--operator-deregister",
+	"Embed.ClusterState":       "--initial-cluster-state",
+}
+
+// withFlag prefixes a refusal of a Config field with its flag:
+// "--write-burst: node: Config.Limits.WriteBurst must be at least 1, got 0".
+func withFlag(err error) error {
+	var ce *configerr.Error
+	if errors.As(err, &ce) {
+		if flag, ok := flagOf[ce.Field]; ok {
+			return fmt.Errorf("%s: %w", flag, err)
+		}
+	}
+	return err
+}
 
 func run(args []string) int {
 	cfg := node.DefaultConfig()
@@ -85,7 +120,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 				return usageError{err}
 			}
 			if err := cfg.Validate(); err != nil {
-				return usageError{err}
+				return usageError{withFlag(err)}
 			}
 			return serve(cmd.Context(), cfg)
 		},
