@@ -221,6 +221,8 @@ func DefaultConfig() Config {
 // *configerr.Error naming the Config field and wrapping ErrInvalidConfig,
 // or a security check's error naming flags.
 func (c *Config) Validate() error {
+	filled := c.withDefaults()
+	c = &filled
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return invalid("Listen", c.Listen, "must be host:port")
 	}
@@ -312,32 +314,10 @@ type Node struct {
 
 // Start brings a regnode up and returns once its API accepts calls.
 func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
-	def := DefaultConfig()
-	if cfg.Listen == "" {
-		cfg.Listen = def.Listen
-	}
-	if cfg.MetricsListen == "" {
-		cfg.MetricsListen = def.MetricsListen
-	}
-	if cfg.SessionTTL == 0 {
-		cfg.SessionTTL = def.SessionTTL
-	}
-	if cfg.ShutdownGrace == 0 {
-		cfg.ShutdownGrace = def.ShutdownGrace
-	}
-	if cfg.Thresholds == (health.Thresholds{}) {
-		cfg.Thresholds = health.DefaultThresholds()
-	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = def.Prefix
-	}
-	cfg.defaultAPILimits()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), serveErr: make(chan error, 4)}
 	defer func() {
 		if err != nil {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/regcluster/registry/internal/buildinfo"
 	"github.com/regcluster/registry/internal/configerr"
+	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/node"
 )
 
@@ -134,11 +135,13 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "use this external etcd cluster (URL,...); embed nothing")
 	f.StringVar(&cfg.Name, "name", "", "member name when embedding; also this regnode's name (default \"default\")")
 	f.StringVar(&cfg.Embed.InitialCluster, "initial-cluster", "", "members of the embedded cluster, NAME=PEER_URL,...")
-	f.StringVar(&cfg.Embed.ClusterState, "initial-cluster-state", "new", "new or existing")
-	f.StringVar(&cfg.Embed.Token, "initial-cluster-token", "regnode", "token that keeps separate clusters apart")
-	f.StringSliceVar(&listenClient, "listen-client-urls", []string{"http://127.0.0.1:2379"}, "embedded etcd client URLs")
+	// The embedded member's flags show embedded.DefaultConfig's values.
+	emb := embedded.DefaultConfig()
+	f.StringVar(&cfg.Embed.ClusterState, "initial-cluster-state", emb.ClusterState, "new or existing")
+	f.StringVar(&cfg.Embed.Token, "initial-cluster-token", emb.Token, "token that keeps separate clusters apart")
+	f.StringSliceVar(&listenClient, "listen-client-urls", emb.ListenClientURLs, "embedded etcd client URLs")
 	f.StringSliceVar(&advertiseClient, "advertise-client-urls", nil, "client URLs told to the cluster (default: --listen-client-urls)")
-	f.StringSliceVar(&listenPeer, "listen-peer-urls", []string{"http://127.0.0.1:2380"}, "embedded etcd peer URLs")
+	f.StringSliceVar(&listenPeer, "listen-peer-urls", emb.ListenPeerURLs, "embedded etcd peer URLs")
 	f.StringSliceVar(&advertisePeer, "initial-advertise-peer-urls", nil, "peer URLs told to the cluster (default: --listen-peer-urls)")
 	f.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "etcd key prefix")
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "prober election session TTL")
