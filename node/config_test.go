@@ -25,6 +25,7 @@ func TestConfigValidateFields(t *testing.T) {
 		ok("SessionTTL 2s", func(c *C) { c.SessionTTL = 2 * time.Second }),
 		bad("SessionTTL below 2s", "SessionTTL", func(c *C) { c.SessionTTL = 2*time.Second - 1 }),
 		ok("SessionTTL 1m", func(c *C) { c.SessionTTL = time.Minute }),
+		bad("SessionTTL not whole seconds", "SessionTTL", func(c *C) { c.SessionTTL = 2500 * time.Millisecond }),
 		bad("SessionTTL above 1m", "SessionTTL", func(c *C) { c.SessionTTL = time.Minute + 1 }),
 		bad("Prefix relative", "Prefix", func(c *C) { c.Prefix = "relative/" }),
 		ok("ProbeInterval at the floor", func(c *C) { c.ProbeInterval = 100 * time.Millisecond }),

@@ -236,8 +236,9 @@ func (c *Config) Validate() error {
 			return invalid("EtcdEndpoints", strings.Join(c.EtcdEndpoints, ","), "has an empty entry")
 		}
 	}
-	if c.SessionTTL != 0 && (c.SessionTTL < 2*time.Second || c.SessionTTL > time.Minute) {
-		return invalid("SessionTTL", c.SessionTTL, "must be within 2s..1m (0: the default)")
+	if c.SessionTTL < 2*time.Second || c.SessionTTL > time.Minute || c.SessionTTL%time.Second != 0 {
+		// Whole seconds: etcd grants the election's lease in seconds.
+		return invalid("SessionTTL", c.SessionTTL, "must be whole seconds within 2s..1m (0: the default)")
 	}
 	if c.Prefix != "" && !strings.HasPrefix(c.Prefix, "/") {
 		return invalid("Prefix", c.Prefix, "must start with '/'")
