@@ -15,7 +15,11 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
-	base := func() Config { c := DefaultConfig(); c.Store, c.Metrics = new(store.Store), new(metrics.Metrics); return c }
+	base := func() Config {
+		c := DefaultConfig()
+		c.Store, c.Metrics = new(store.Store), new(metrics.Metrics)
+		return c
+	}
 	ok, bad := configtest.Accepts[Config], configtest.Refuses[Config]
 	configtest.Run(t, base, Config.Validate, ErrInvalidConfig, []configtest.Case[Config]{
 		bad("Store nil", "Store", func(c *Config) { c.Store = nil }),

@@ -11,7 +11,11 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
-	base := func() Config { c := DefaultConfig(); c.Client, c.Renewer = new(clientv3.Client), new(Renewer); return c }
+	base := func() Config {
+		c := DefaultConfig()
+		c.Client, c.Renewer = new(clientv3.Client), new(Renewer)
+		return c
+	}
 	ok, bad := configtest.Accepts[Config], configtest.Refuses[Config]
 	configtest.Run(t, base, Config.Validate, ErrInvalidConfig, []configtest.Case[Config]{
 		bad("Client nil", "Client", func(c *Config) { c.Client = nil }),
