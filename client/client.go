@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,12 +34,15 @@ import (
 // DefaultEndpoint is where a regnode listens unless told otherwise.
 const DefaultEndpoint = "127.0.0.1:7400"
 
-// Config says which regnodes to use and how.
+// Config says which regnodes to use and how. The zero Config is valid: a
+// zero field takes the default its comment states (DefaultConfig has them
+// all), and New refuses what Validate refuses (errors wrap
+// ErrInvalidConfig).
 type Config struct {
-	// Endpoints are regnode API addresses (host:port); calls go to any
-	// that is up (default DefaultEndpoint).
+	// Endpoints are regnode API addresses (host:port, spaces trimmed);
+	// calls go to any that is up (empty: DefaultEndpoint).
 	Endpoints []string
-	// Logger (default slog.Default()).
+	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 	// TLS, if set, is the transport security of the connections to the
 	// regnodes (its RootCAs the CA of their certificates, its
@@ -63,9 +65,11 @@ type Config struct {
 	DialOptions []grpc.DialOption
 
 	// Policy is the balancing and retry policy of the channels to every
-	// service not in Policies (nil: DefaultPolicy()).
+	// service not in Policies (nil: DefaultPolicy()); it must pass
+	// Policy.Validate.
 	Policy *Policy
-	// Policies are the policies of named services.
+	// Policies are the policies of named services: each key a valid
+	// service name, each policy passing Policy.Validate.
 	Policies map[string]Policy
 	// Zone is the caller's zone: channels prefer instances of this zone
 	// while it has enough healthy capacity, and spill over to the others
@@ -81,15 +85,15 @@ type Config struct {
 	// created if absent. "" keeps nothing on disk.
 	CacheDir string
 	// CacheMaxAge is the age past which a disk view is ignored, with a
-	// warning (default DefaultCacheMaxAge).
+	// warning (0: DefaultCacheMaxAge; negative is refused).
 	CacheMaxAge time.Duration
 
 	// CloseTimeout bounds how long Close gives the open Registrations to
-	// drain and deregister (default DefaultCloseTimeout); a drain grace
-	// longer than it is cut short.
+	// drain and deregister (0: DefaultCloseTimeout; negative is refused);
+	// a drain grace longer than it is cut short.
 	CloseTimeout time.Duration
 	// Subscriber names this client to the regnodes (in the answer of a
-	// drain waiting for subscribers); default "<host>/<pid>".
+	// drain waiting for subscribers); "": "<host>/<pid>".
 	Subscriber string
 	// WatchPerSubscription makes every Subscription open a Watch stream
 	// of its own, as the SDK did before the Subscribe stream (for regnodes
@@ -149,30 +153,14 @@ var schemeSeq atomic.Int64
 // New returns a Client of cfg.Endpoints. It does not wait for a regnode to
 // be reachable: calls fail (or wait, with grpc.WaitForReady) until one is.
 func New(cfg Config) (*Client, error) {
-	policy := DefaultPolicy()
-	if cfg.Policy != nil {
-		policy = *cfg.Policy
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if err := policy.Validate(); err != nil {
-		return nil, fmt.Errorf("Config.Policy: %w", err)
-	}
+	cfg = cfg.withDefaults()
+	policy := *cfg.Policy
 	policies := make(map[string]Policy, len(cfg.Policies))
 	for svc, p := range cfg.Policies {
-		if err := record.ValidService(svc); err != nil {
-			return nil, fmt.Errorf("Config.Policies: %w", err)
-		}
-		if err := p.Validate(); err != nil {
-			return nil, fmt.Errorf("Config.Policies[%q]: %w", svc, err)
-		}
 		policies[svc] = p
-	}
-	maxAge, err := durationOr("Config.CacheMaxAge", cfg.CacheMaxAge, DefaultCacheMaxAge)
-	if err != nil {
-		return nil, err
-	}
-	closeTimeout, err := durationOr("Config.CloseTimeout", cfg.CloseTimeout, DefaultCloseTimeout)
-	if err != nil {
-		return nil, err
 	}
 	if cfg.CacheDir != "" {
 		if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
@@ -180,15 +168,8 @@ func New(cfg Config) (*Client, error) {
 		}
 	}
 	eps := cfg.Endpoints
-	if len(eps) == 0 {
-		eps = []string{DefaultEndpoint}
-	}
 	addrs := make([]resolver.Address, 0, len(eps))
 	for _, ep := range eps {
-		ep = strings.TrimSpace(ep)
-		if err := record.ValidAddress(ep); err != nil {
-			return nil, fmt.Errorf("endpoint %q is not host:port: %w", ep, err)
-		}
 		a := resolver.Address{Addr: ep}
 		if cfg.TLS != nil {
 			// The name checked against the certificate is the endpoint's
@@ -198,8 +179,8 @@ func New(cfg Config) (*Client, error) {
 		addrs = append(addrs, a)
 	}
 	c := &Client{log: cfg.Logger, policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
-		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: maxAge, closeTimeout: closeTimeout,
-		subscriber: subscriberName(cfg.Subscriber)}
+		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: cfg.CacheMaxAge, closeTimeout: cfg.CloseTimeout,
+		subscriber: cfg.Subscriber}
 	c.own.init()
 	creds := insecure.NewCredentials()
 	if cfg.TLS != nil {
@@ -233,27 +214,12 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to regnodes %v: %w", eps, err)
 	}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
 	c.cc, c.api = cc, registryv1.NewRegistryClient(cc)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if !cfg.WatchPerSubscription {
 		c.mux = newMux(c)
 	}
 	return c, nil
-}
-
-// durationOr is d, or def if d is zero; a negative d is refused, naming
-// field.
-func durationOr(field string, d, def time.Duration) (time.Duration, error) {
-	switch {
-	case d < 0:
-		return 0, &record.FieldError{Field: field, Reason: fmt.Sprintf("%s is negative", d)}
-	case d == 0:
-		return def, nil
-	}
-	return d, nil
 }
 
 // DialOptions are the options of a channel to a registered service:

@@ -1,6 +1,11 @@
 package client
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/regcluster/registry/record"
+)
 
 // The SDK's sentinel errors, for errors.Is. Errors of the regnode's API
 // match record's (record.ErrInvalid, record.ErrNotFound,
@@ -21,4 +26,12 @@ var (
 	// ErrDiskCache is wrapped by the reasons a disk view is ignored (logged,
 	// never returned to callers: the subscription goes on without it).
 	ErrDiskCache = errors.New("disk cache unusable")
+
+	// ErrInvalidConfig is wrapped by every error of Config.Validate,
+	// SubscribeOptions.Validate and RegisterOptions.Validate, and so of New,
+	// Subscribe and Register: a setting that cannot work, refused before
+	// anything starts. It wraps record.ErrInvalid (the SDK's "invalid input"),
+	// and errors.As finds a *record.FieldError naming the field
+	// ("Config.CloseTimeout", "SubscribeOptions.ReceiveDeadline").
+	ErrInvalidConfig = fmt.Errorf("client: invalid config: %w", record.ErrInvalid)
 )

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-
-	"github.com/regcluster/registry/record"
 )
 
 // Liveness of a subscription (DESIGN.md, Subscription protocol): regnode
@@ -26,18 +24,6 @@ const DefaultReceiveDeadline = 3 * time.Second
 // MinReceiveDeadline is the shortest deadline allowed: twice regnode's
 // progress interval, so a quiet but healthy regnode is never left.
 const MinReceiveDeadline = 2 * time.Second
-
-// validateLiveness checks the liveness options and fills their defaults.
-func (o *SubscribeOptions) validateLiveness() error {
-	switch {
-	case o.ReceiveDeadline == 0:
-		o.ReceiveDeadline = DefaultReceiveDeadline
-	case o.ReceiveDeadline < MinReceiveDeadline:
-		return &record.FieldError{Field: "SubscribeOptions.ReceiveDeadline",
-			Reason: fmt.Sprintf("%s is below %s (twice regnode's progress interval)", o.ReceiveDeadline, MinReceiveDeadline)}
-	}
-	return nil
-}
 
 // stallError says which regnode stalled, so the next stream avoids it
 // (regnodePolicy, pick.go).

@@ -289,7 +289,8 @@ func addRequest(subscriber, service string, from int64, ep string) *registryv1.S
 func (m *mux) options() (deadline, minBackoff, maxBackoff time.Duration, empty bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	deadline, minBackoff, maxBackoff = DefaultReceiveDeadline, 50*time.Millisecond, 2*time.Second
+	d := DefaultSubscribeOptions()
+	deadline, minBackoff, maxBackoff = d.ReceiveDeadline, d.MinBackoff, d.MaxBackoff
 	first := true
 	for _, f := range m.mu.feeds {
 		f.mu.Lock()

@@ -14,11 +14,16 @@ import (
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
-// RegisterOptions tune a registration; zero fields take lease.Config's
-// defaults (TTL 10s, renewal every TTL/3, drain grace 2s: the longest
-// Close waits for subscribers to apply the drain).
+// RegisterOptions tune a registration. A zero field takes the default
+// its comment states (DefaultRegisterOptions has them all); Register
+// refuses what Validate refuses.
 type RegisterOptions struct {
-	TTL        time.Duration
+	// TTL is the lease TTL, record.MinTTL..record.MaxTTL (0:
+	// record.DefaultTTL, 10s): how long the instance outlives a process
+	// that died without deregistering. It is renewed every TTL/3.
+	TTL time.Duration
+	// DrainGrace is the longest Close waits for subscribers to apply the
+	// drain before deleting the record (0: 2s; negative is refused).
 	DrainGrace time.Duration
 	// OnChange is called when the instance becomes registered, is lost, or
 	// is registered again; it must not block.
@@ -72,6 +77,9 @@ type Registration struct {
 // the Client closes (ErrClosed); invalid input (record.ErrInvalid) and an
 // id alive under another owner (record.ErrAlreadyExists) fail at once.
 func (c *Client) Register(ctx context.Context, inst *registryv1.Instance, opts RegisterOptions) (*Registration, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("register %s/%s: %w", inst.GetService(), inst.GetId(), err)
+	}
 	if err := c.beginRegister(); err != nil {
 		return nil, fmt.Errorf("register %s/%s: %w", inst.GetService(), inst.GetId(), err)
 	}

@@ -32,18 +32,23 @@ type Change struct {
 	Progress bool
 }
 
-// SubscribeOptions tune a subscription.
+// SubscribeOptions tune a subscription. A zero field takes the default
+// its comment states (DefaultSubscribeOptions has them all); Subscribe
+// refuses what Validate refuses.
 type SubscribeOptions struct {
 	// OnChange, if set, is called with every change in order, on the
 	// subscription's goroutine; it must not block for long.
 	OnChange func(Change)
-	// Changes, if > 0, makes Changes() a channel with this buffer. A reader
+	// Changes, if > 0, makes Changes() a channel with this buffer (0: no
+	// channel; negative is refused). A reader
 	// that falls behind is not allowed to stall the subscription: changes
 	// that do not fit are dropped and the next one delivered is a Snapshot
 	// of the whole current state.
 	Changes int
-	// MinBackoff and MaxBackoff bound the wait between reconnects
-	// (defaults 50ms and 2s), jittered.
+	// MinBackoff and MaxBackoff bound the wait between reconnects (0: 50ms
+	// and 2s, or MinBackoff if larger: a subscriber is back within seconds
+	// of a regnode's return), jittered. MaxBackoff must be at least
+	// MinBackoff.
 	MinBackoff, MaxBackoff time.Duration
 
 	// Liveness (liveness.go).
@@ -163,15 +168,10 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 			return nil, err
 		}
 	}
-	if opts.MinBackoff <= 0 {
-		opts.MinBackoff = 50 * time.Millisecond
-	}
-	if opts.MaxBackoff <= 0 {
-		opts.MaxBackoff = 2 * time.Second
-	}
-	if err := opts.validateLiveness(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	opts = opts.withDefaults()
 	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}), done: make(chan struct{}),
 		wake: make(chan struct{}, 1)}
 	s.mu.listeners = map[int]func(Change){}

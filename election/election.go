@@ -24,6 +24,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/regcluster/registry/internal/backoff"
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/record"
 )
 
@@ -36,24 +37,71 @@ var (
 	ErrNoLeader = errors.New("no leader")
 )
 
-// Config configures an Election.
+// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+// of New (see package configerr).
+var ErrInvalidConfig = errors.New("election: invalid config")
+
+// Config configures an Election. A zero field takes the default its
+// comment states (DefaultConfig has them all).
 type Config struct {
 	// Client is the etcd client (required).
 	Client *clientv3.Client
-	// Prefix is the registry key prefix (default record.DefaultPrefix);
-	// the election runs on <prefix>election/prober.
+	// Prefix is the registry key prefix ("": record.DefaultPrefix); the
+	// election runs on <prefix>election/prober.
 	Prefix string
 	// Name identifies this candidate to observers (required).
 	Name string
 	// SessionTTL is the leader's session TTL: a leader that stops renewing
-	// is replaced after at most this long (default 10s; whole seconds, at
-	// least 2s).
+	// is replaced after at most this long (0: 10s). etcd grants leases in
+	// whole seconds, so it must be whole seconds; at least 2s, since the
+	// session renews every TTL/3 and a shorter one expires on a slow
+	// fsync.
 	SessionTTL time.Duration
-	// Logger (default slog.Default()).
+	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 	// OnLeaderChange, if set, is called when this candidate starts (true)
 	// or stops (false) leading.
 	OnLeaderChange func(leading bool)
+}
+
+// MinSessionTTL is the shortest Config.SessionTTL.
+const MinSessionTTL = 2 * time.Second
+
+// DefaultConfig is a Config with every default but the client and name.
+func DefaultConfig() Config {
+	return Config{Prefix: record.DefaultPrefix, SessionTTL: 10 * time.Second}
+}
+
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for Validate and New.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Prefix == "" {
+		c.Prefix = d.Prefix
+	}
+	if c.SessionTTL == 0 {
+		c.SessionTTL = d.SessionTTL
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Client == nil:
+		return configerr.Required(ErrInvalidConfig, "election", "Client")
+	case c.Name == "":
+		return configerr.Required(ErrInvalidConfig, "election", "Name")
+	case c.SessionTTL < MinSessionTTL || c.SessionTTL%time.Second != 0:
+		return configerr.New(ErrInvalidConfig, "election", "SessionTTL", c.SessionTTL,
+			fmt.Sprintf("must be whole seconds, at least %s (0: the default)", MinSessionTTL))
+	}
+	return nil
 }
 
 // Election is one candidate. Run it once.
@@ -63,20 +111,12 @@ type Election struct {
 	log    *slog.Logger
 }
 
-// New returns a candidate; it fails on a missing client or name or a bad TTL.
+// New returns a candidate; it fails only if cfg does not Validate.
 func New(cfg Config) (*Election, error) {
-	if cfg.Client == nil || cfg.Name == "" {
-		return nil, errors.New("election: Config.Client and Config.Name are required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.SessionTTL == 0 {
-		cfg.SessionTTL = 10 * time.Second
-	}
-	if cfg.SessionTTL < 2*time.Second || cfg.SessionTTL%time.Second != 0 {
-		return nil, fmt.Errorf("election: session TTL %s must be whole seconds, at least 2s", cfg.SessionTTL)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	return &Election{cfg: cfg, prefix: record.NewKeys(cfg.Prefix).Election(), log: cfg.Logger.With("election", cfg.Name)}, nil
 }
 

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -246,12 +247,17 @@ func TestThresholds(t *testing.T) {
 	if err == nil {
 		t.Fatal("invalid thresholds accepted")
 	}
-	want := "health: failures_to_degraded must be 1..100, got 0\n" +
-		"health: failures_to_unavailable must be 1..100, got 101\n" +
-		"health: successes_to_healthy must be 1..100, got -1\n" +
-		"health: slow_threshold must be above zero, got 0s"
-	if err.Error() != want {
-		t.Fatalf("Validate() =\n%v\nwant\n%v", err, want)
+	want := "health: Thresholds.FailuresToDegraded must be 1..100, got 0\n" +
+		"health: Thresholds.FailuresToUnavailable must be 1..100, got 101\n" +
+		"health: Thresholds.SuccessesToHealthy must be 1..100, got -1\n" +
+		"health: Thresholds.Slow must be > 0, got 0s"
+	if err.Error() != want || !errors.Is(err, ErrInvalidThresholds) {
+		t.Fatalf("Validate() =\n%v\nwant\n%v wrapping ErrInvalidThresholds", err, want)
+	}
+	for _, ok := range []Thresholds{{1, 1, 1, 1, 1}, {MaxCount, MaxCount, MaxCount, MaxCount, time.Hour}} {
+		if err := ok.Validate(); err != nil {
+			t.Errorf("%+v (the bounds): %v", ok, err)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/regcluster/registry/internal/configerr"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -52,25 +53,30 @@ func DefaultThresholds() Thresholds {
 	}
 }
 
+// ErrInvalidThresholds is wrapped by every error of Thresholds.Validate.
+var ErrInvalidThresholds = errors.New("health: invalid thresholds")
+
 // Validate reports every field out of range (each count 1..MaxCount, Slow
-// above zero), naming the field; nil means t is usable as it is.
+// above zero), each a *configerr.Error naming the field
+// ("health: Thresholds.Slow must be > 0, got 0s") and wrapping
+// ErrInvalidThresholds; nil means t is usable as it is.
 func (t Thresholds) Validate() error {
 	var errs []error
 	for _, c := range []struct {
 		name string
 		v    int
 	}{
-		{"failures_to_degraded", t.FailuresToDegraded},
-		{"failures_to_unavailable", t.FailuresToUnavailable},
-		{"successes_to_healthy", t.SuccessesToHealthy},
-		{"successes_to_degraded", t.SuccessesToDegraded},
+		{"FailuresToDegraded", t.FailuresToDegraded},
+		{"FailuresToUnavailable", t.FailuresToUnavailable},
+		{"SuccessesToHealthy", t.SuccessesToHealthy},
+		{"SuccessesToDegraded", t.SuccessesToDegraded},
 	} {
 		if c.v < 1 || c.v > MaxCount {
-			errs = append(errs, fmt.Errorf("health: %s must be 1..%d, got %d", c.name, MaxCount, c.v))
+			errs = append(errs, configerr.New(ErrInvalidThresholds, "health", c.name, c.v, fmt.Sprintf("must be 1..%d", MaxCount)).Of("Thresholds"))
 		}
 	}
 	if t.Slow <= 0 {
-		errs = append(errs, fmt.Errorf("health: slow_threshold must be above zero, got %v", t.Slow))
+		errs = append(errs, configerr.New(ErrInvalidThresholds, "health", "Slow", t.Slow, "must be > 0").Of("Thresholds"))
 	}
 	return errors.Join(errs...)
 }

@@ -47,6 +47,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/render"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
@@ -76,13 +77,30 @@ func DefaultConfig() Config {
 	return Config{CallTimeout: 5 * time.Second}
 }
 
-// Validate reports a Config that cannot work.
+// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+// of New (see package configerr).
+var ErrInvalidConfig = errors.New("httpapi: invalid config")
+
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for New.
+func (c Config) withDefaults() Config {
+	if c.CallTimeout == 0 {
+		c.CallTimeout = DefaultConfig().CallTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports a missing Conn or a negative CallTimeout (0 takes the
+// default), as a *configerr.Error wrapping ErrInvalidConfig.
 func (c *Config) Validate() error {
 	if c.Conn == nil {
-		return errors.New("httpapi: Config.Conn is required")
+		return configerr.Required(ErrInvalidConfig, "httpapi", "Conn")
 	}
 	if c.CallTimeout < 0 {
-		return fmt.Errorf("httpapi: Config.CallTimeout %s is negative", c.CallTimeout)
+		return configerr.New(ErrInvalidConfig, "httpapi", "CallTimeout", c.CallTimeout, "must be >= 0 (0: the default)")
 	}
 	return nil
 }
@@ -100,12 +118,7 @@ func New(cfg Config) (*API, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.CallTimeout == 0 {
-		cfg.CallTimeout = DefaultConfig().CallTimeout
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	a := &API{cfg: cfg, rpc: registryv1.NewRegistryClient(cfg.Conn), mux: http.NewServeMux()}
 	a.mux.HandleFunc("GET /api/v1/services", a.services)
 	a.mux.HandleFunc("GET /api/v1/instances", a.listAll)

@@ -14,4 +14,9 @@ var (
 	// LeaseBackend from store.ErrLeaseLost, the SDK's from KeepAlive's lost
 	// answer).
 	ErrLeaseLost = errors.New("lease lost")
+
+	// ErrInvalidConfig is wrapped by every error of Config.Validate, and
+	// so of Start (see package configerr). A TTL outside record's bounds
+	// also wraps record.ErrInvalid, as it did before Config had a Validate.
+	ErrInvalidConfig = errors.New("lease: invalid config")
 )

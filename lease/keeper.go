@@ -11,24 +11,32 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/regcluster/registry/internal/backoff"
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/secret"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
 
-// Config tunes a Keeper. Zero fields take the defaults documented on each.
+// Config tunes a Keeper. A zero field takes the default its comment states
+// (DefaultConfig has them all); a negative one is refused.
 type Config struct {
-	// TTL is the lease TTL, 2s..1h (default 10s).
+	// TTL is the lease TTL, record.MinTTL..record.MaxTTL (2s..1h; 0:
+	// record.DefaultTTL, 10s): how long the instance outlives a process
+	// that stopped renewing without deregistering.
 	TTL time.Duration
-	// KeepAliveInterval is how often the lease is renewed (default TTL/3).
+	// KeepAliveInterval is how often the lease is renewed; it must be
+	// shorter than TTL (0: TTL/3, so two renewals in a row can fail
+	// before the lease expires).
 	KeepAliveInterval time.Duration
 	// DrainGrace is how long Close leaves the instance DRAINING before
-	// deleting it, so that subscribers see it drain (default 2s).
+	// deleting it, so that subscribers see it drain (0: 2s).
 	DrainGrace time.Duration
 	// MinBackoff and MaxBackoff bound the retry delay after a failure
-	// (defaults 100ms and min(5s, TTL/2)); each wait is jittered.
+	// (0: 100ms, and min(5s, TTL/2) but at least MinBackoff, so a lost
+	// registration is retried well within its TTL); each wait is
+	// jittered. MaxBackoff must be at least MinBackoff.
 	MinBackoff, MaxBackoff time.Duration
-	// Logger receives state changes (default slog.Default()).
+	// Logger receives state changes (nil: slog.Default()).
 	Logger *slog.Logger
 	// OnChange, if set, is called with the new Status every time the
 	// registration is made, lost or re-made. It runs on the Keeper's
@@ -36,39 +44,62 @@ type Config struct {
 	OnChange func(Status)
 }
 
-func (c *Config) withDefaults() (Config, error) {
-	out := *c
-	if err := record.ValidTTL(out.TTL); err != nil {
-		return out, err
+// DefaultConfig is the Config of a zero Config, for the default TTL. The
+// KeepAliveInterval and MaxBackoff it states are those of its TTL: with
+// another TTL, set them to 0 to have them derived from it.
+func DefaultConfig() Config {
+	return Config{TTL: record.DefaultTTL, KeepAliveInterval: record.DefaultTTL / 3, DrainGrace: 2 * time.Second,
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: min(5*time.Second, record.DefaultTTL/2)}
+}
+
+// withDefaults is c with its zero fields set to their defaults: the one
+// place defaults are filled, for Validate and Start.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.TTL == 0 {
+		c.TTL = d.TTL
 	}
-	if out.TTL == 0 {
-		out.TTL = record.DefaultTTL
+	if c.KeepAliveInterval == 0 {
+		c.KeepAliveInterval = c.TTL / 3
 	}
-	if out.KeepAliveInterval <= 0 {
-		out.KeepAliveInterval = out.TTL / 3
+	if c.DrainGrace == 0 {
+		c.DrainGrace = d.DrainGrace
 	}
-	if out.KeepAliveInterval >= out.TTL {
-		return out, &record.FieldError{Field: "keepalive_interval", Reason: fmt.Sprintf("%s is not shorter than the TTL %s", out.KeepAliveInterval, out.TTL)}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = d.MinBackoff
 	}
-	if out.DrainGrace < 0 {
-		return out, &record.FieldError{Field: "drain_grace", Reason: "must not be negative"}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = max(min(5*time.Second, c.TTL/2), c.MinBackoff)
 	}
-	if out.DrainGrace == 0 {
-		out.DrainGrace = 2 * time.Second
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
-	if out.MinBackoff <= 0 {
-		out.MinBackoff = 100 * time.Millisecond
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(field string, v any, rule string) error {
+		return configerr.New(ErrInvalidConfig, "lease", field, v, rule)
 	}
-	if out.MaxBackoff <= 0 {
-		out.MaxBackoff = min(5*time.Second, out.TTL/2)
+	if err := record.ValidTTL(c.TTL); err != nil {
+		return configerr.Because(ErrInvalidConfig, "lease", "TTL", c.TTL, err)
 	}
-	if out.MaxBackoff < out.MinBackoff {
-		out.MaxBackoff = out.MinBackoff
+	switch {
+	case c.KeepAliveInterval < 0:
+		return bad("KeepAliveInterval", c.KeepAliveInterval, "must be >= 0 (0: TTL/3)")
+	case c.KeepAliveInterval >= c.TTL:
+		return bad("KeepAliveInterval", c.KeepAliveInterval, fmt.Sprintf("must be shorter than the TTL %s", c.TTL))
+	case c.DrainGrace < 0:
+		return bad("DrainGrace", c.DrainGrace, "must be >= 0 (0: the default)")
+	case c.MinBackoff < 0:
+		return bad("MinBackoff", c.MinBackoff, "must be >= 0 (0: the default)")
+	case c.MaxBackoff < c.MinBackoff:
+		return bad("MaxBackoff", c.MaxBackoff, fmt.Sprintf("must be >= MinBackoff %s (0: the default)", c.MinBackoff))
 	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	return out, nil
+	return nil
 }
 
 // Status is a registration's state at one moment.
@@ -125,10 +156,10 @@ type Keeper struct {
 // registration is retried until it succeeds or ctx ends; invalid input and
 // an id owned by someone else fail at once.
 func Start(ctx context.Context, b Backend, inst *registryv1.Instance, cfg Config) (*Keeper, error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	c := cfg.withDefaults()
 	if err := record.Validate(inst); err != nil {
 		return nil, err
 	}

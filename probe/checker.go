@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/regcluster/registry/health"
+	"github.com/regcluster/registry/internal/configerr"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -20,10 +21,17 @@ import (
 // Config sets one.
 const DefaultTimeout = 500 * time.Millisecond
 
-// Config configures a Checker. The zero Config is valid.
+// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+// of New (see package configerr).
+var ErrInvalidConfig = errors.New("probe: invalid config")
+
+// Config configures a Checker. The zero Config is valid: a zero field
+// takes the default its comment states (DefaultConfig has them all).
 type Config struct {
 	// DefaultTimeout bounds a probe whose check spec sets no timeout
-	// (default DefaultTimeout).
+	// (0: DefaultTimeout, 500ms: well under the default 1s interval, so
+	// a hung target fails its probe before the next one is due); it must
+	// not be negative.
 	DefaultTimeout time.Duration
 	// HTTPClient, if set, sends HTTP probes instead of the Checker's own
 	// client. The Checker uses a copy that never follows redirects, and
@@ -34,8 +42,33 @@ type Config struct {
 	// backoff capped at one second).
 	GRPCDialOptions []grpc.DialOption
 	// Logger receives the Checker's own troubles, never probe results
-	// (default slog.Default()).
+	// (nil: slog.Default()).
 	Logger *slog.Logger
+}
+
+// DefaultConfig is the zero Config with its defaults stated.
+func DefaultConfig() Config { return Config{DefaultTimeout: DefaultTimeout} }
+
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for Validate and New.
+func (c Config) withDefaults() Config {
+	if c.DefaultTimeout == 0 {
+		c.DefaultTimeout = DefaultConfig().DefaultTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if c.DefaultTimeout < 0 {
+		return configerr.New(ErrInvalidConfig, "probe", "DefaultTimeout", c.DefaultTimeout, "must be >= 0 (0: the default)")
+	}
+	return nil
 }
 
 // Checker runs probes. Create it with New and Close it when done.
@@ -56,17 +89,16 @@ type Checker struct {
 	}
 }
 
-// New returns a Checker configured by cfg. It does no I/O.
-func New(cfg Config) *Checker {
+// New returns a Checker configured by cfg; it fails only if cfg does not
+// Validate. It does no I/O.
+func New(cfg Config) (*Checker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
 	p := &Checker{
 		timeout: cfg.DefaultTimeout,
 		log:     cfg.Logger,
-	}
-	if p.timeout <= 0 {
-		p.timeout = DefaultTimeout
-	}
-	if p.log == nil {
-		p.log = slog.Default()
 	}
 	if cfg.HTTPClient != nil {
 		c := *cfg.HTTPClient
@@ -78,7 +110,7 @@ func New(cfg Config) *Checker {
 	}
 	p.grpcOpts = append(grpcDialOptions(), cfg.GRPCDialOptions...)
 	p.mu.conns = make(map[string]*grpc.ClientConn)
-	return p
+	return p, nil
 }
 
 // Probe checks the instance at address (host:port) as spec says and returns

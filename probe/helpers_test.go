@@ -33,7 +33,10 @@ func newChecker(t testing.TB, cfg Config) *Checker {
 	if cfg.DefaultTimeout == 0 {
 		cfg.DefaultTimeout = steadyTimeout
 	}
-	p := New(cfg)
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := p.Close(); err != nil {
 			t.Errorf("Close: %v", err)

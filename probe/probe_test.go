@@ -263,10 +263,17 @@ func TestNoCheck(t *testing.T) {
 func TestClose(t *testing.T) {
 	h := newHTTPTarget(t)
 	g := newGRPCTarget(t, true)
-	if d := New(Config{}); d.timeout != DefaultTimeout || d.Close() != nil {
+	d, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.timeout != DefaultTimeout || d.Close() != nil {
 		t.Fatalf("default timeout %v, want %v", d.timeout, DefaultTimeout)
 	}
-	p := New(Config{DefaultTimeout: steadyTimeout})
+	p, err := New(Config{DefaultTimeout: steadyTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
 	want(t, p.Probe(t.Context(), g.addr, check(kindGRPC, "", 0), noSlow), health.OK, "")
 
 	// Close waits for a probe in flight, then refuses new ones.

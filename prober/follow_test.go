@@ -13,12 +13,11 @@ import (
 
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/health"
-	"github.com/regcluster/registry/probe"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
 func testProber() *Prober {
-	p := &Prober{cfg: Config{Probe: probe.New(probe.Config{}), Thresholds: health.DefaultThresholds(),
+	p := &Prober{cfg: Config{Probe: zeroChecker(), Thresholds: health.DefaultThresholds(),
 		Interval: time.Second, Floor: 100 * time.Millisecond}}
 	p.log = discardLogger()
 	return p

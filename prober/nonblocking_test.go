@@ -89,7 +89,12 @@ func TestProbingGoesOnWhileWriteIsHeld(t *testing.T) {
 	}
 
 	var probes, landed atomic.Int64
-	pr, err := prober.New(prober.Config{Store: st, View: view.Snapshot, Probe: probe.New(probe.Config{}),
+	pb, err := probe.New(probe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pb.Close()
+	pr, err := prober.New(prober.Config{Store: st, View: view.Snapshot, Probe: pb,
 		Interval: 100 * time.Millisecond, OrphanRetention: -1, Node: "p", WriteTimeout: 10 * time.Minute,
 		OnProbe:      func(health.Outcome, time.Duration) { probes.Add(1) },
 		OnTransition: func(health.Transition) { landed.Add(1) }})

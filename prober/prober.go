@@ -40,12 +40,19 @@ import (
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/election"
 	"github.com/regcluster/registry/health"
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/probe"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/store"
 )
 
-// Config configures a Prober. Zero fields take the defaults on each.
+// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+// of New (see package configerr).
+var ErrInvalidConfig = errors.New("prober: invalid config")
+
+// Config configures a Prober. A zero field takes the default its comment
+// states (DefaultConfig has them all); a negative count or duration is
+// refused unless its comment gives it a meaning.
 type Config struct {
 	// Store is where transitions are written (required).
 	Store *store.Store
@@ -54,36 +61,109 @@ type Config struct {
 	// Probe runs the probes (required).
 	Probe *probe.Checker
 	// Thresholds are the global defaults; an instance's check overrides
-	// them field by field (default health.DefaultThresholds()).
+	// them field by field (zero: health.DefaultThresholds(); otherwise
+	// they must pass health.Thresholds.Validate).
 	Thresholds health.Thresholds
 	// Interval between probes of one instance when its check does not say
-	// (default 1s).
+	// (0: 1s); at least Floor.
 	Interval time.Duration
-	// Floor: probes of one instance never start closer than this (default
-	// 100ms), whatever the check says.
+	// Floor: probes of one instance never start closer than this, whatever
+	// the check says (0: 100ms, so a check asking for 1ms cannot make the
+	// leader hammer an instance).
 	Floor time.Duration
-	// Concurrency bounds probes in flight (default 64).
+	// Concurrency bounds probes in flight (0: 64).
 	Concurrency int
 	// Writers bounds health writes in flight, each to another instance
-	// (default 8). Writes never hold up probes: a transition waits in its
+	// (0: 8). Writes never hold up probes: a transition waits in its
 	// instance's slot, and a newer one replaces it there.
 	Writers int
-	// WriteTimeout bounds one health write to etcd (default 5s); one that
+	// WriteTimeout bounds one health write to etcd (0: 5s); one that
 	// times out is tried again, unless a newer transition replaced it.
 	WriteTimeout time.Duration
 	// OrphanRetention is how long this leader must see a saved state
-	// without its record, continuously, before deleting it (default 1h;
+	// without its record, continuously, before deleting it (0: 1h;
 	// negative: never). A lost lease is re-registered within seconds, so
 	// the retention only bounds how long a dead instance's state lingers.
 	OrphanRetention time.Duration
-	// Node is this regnode's name, written as the observer.
+	// Node is this regnode's name, written as the observer ("" writes
+	// none).
 	Node string
-	// Logger (default slog.Default()).
+	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 	// Hooks for metrics; any may be nil.
 	OnProbe      func(outcome health.Outcome, latency time.Duration)
 	OnTransition func(tr health.Transition)
 	OnFenced     func()
+}
+
+// DefaultConfig is a Config with every default but the required fields.
+func DefaultConfig() Config {
+	return Config{Thresholds: health.DefaultThresholds(), Interval: time.Second, Floor: 100 * time.Millisecond,
+		Concurrency: 64, Writers: 8, WriteTimeout: 5 * time.Second, OrphanRetention: time.Hour}
+}
+
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for Validate and New.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Thresholds == (health.Thresholds{}) {
+		c.Thresholds = d.Thresholds
+	}
+	if c.Interval == 0 {
+		c.Interval = d.Interval
+	}
+	if c.Floor == 0 {
+		c.Floor = d.Floor
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = d.Concurrency
+	}
+	if c.Writers == 0 {
+		c.Writers = d.Writers
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = d.WriteTimeout
+	}
+	if c.OrphanRetention == 0 {
+		c.OrphanRetention = d.OrphanRetention
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	req := func(field string) error { return configerr.Required(ErrInvalidConfig, "prober", field) }
+	bad := func(field string, v any) error {
+		return configerr.New(ErrInvalidConfig, "prober", field, v, "must be >= 0 (0: the default)")
+	}
+	switch {
+	case c.Store == nil:
+		return req("Store")
+	case c.View == nil:
+		return req("View")
+	case c.Probe == nil:
+		return req("Probe")
+	case c.Floor < 0:
+		return bad("Floor", c.Floor)
+	case c.Interval < c.Floor:
+		return configerr.New(ErrInvalidConfig, "prober", "Interval", c.Interval,
+			fmt.Sprintf("must be at least Floor %s (0: the default)", c.Floor))
+	case c.Concurrency < 0:
+		return bad("Concurrency", c.Concurrency)
+	case c.Writers < 0:
+		return bad("Writers", c.Writers)
+	case c.WriteTimeout < 0:
+		return bad("WriteTimeout", c.WriteTimeout)
+	}
+	if err := c.Thresholds.Validate(); err != nil {
+		return configerr.Within(ErrInvalidConfig, "prober", "Thresholds", err)
+	}
+	return nil
 }
 
 // Prober is the health checker. Lead may run many times, never twice at
@@ -93,41 +173,12 @@ type Prober struct {
 	log *slog.Logger
 }
 
-// New returns a Prober; it fails on a missing dependency or bad settings.
+// New returns a Prober; it fails only if cfg does not Validate.
 func New(cfg Config) (*Prober, error) {
-	if cfg.Store == nil || cfg.View == nil || cfg.Probe == nil {
-		return nil, errors.New("prober: Config.Store, View and Probe are required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Thresholds == (health.Thresholds{}) {
-		cfg.Thresholds = health.DefaultThresholds()
-	}
-	if err := cfg.Thresholds.Validate(); err != nil {
-		return nil, fmt.Errorf("prober thresholds: %w", err)
-	}
-	if cfg.Floor <= 0 {
-		cfg.Floor = 100 * time.Millisecond
-	}
-	if cfg.Interval <= 0 {
-		cfg.Interval = time.Second
-	}
-	if cfg.Interval < cfg.Floor {
-		return nil, fmt.Errorf("prober: interval %s is below the floor %s", cfg.Interval, cfg.Floor)
-	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 64
-	}
-	if cfg.Writers <= 0 {
-		cfg.Writers = 8
-	}
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = 5 * time.Second
-	}
-	if cfg.OrphanRetention == 0 {
-		cfg.OrphanRetention = time.Hour
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	return &Prober{cfg: cfg, log: cfg.Logger.With("component", "prober")}, nil
 }
 

@@ -122,7 +122,10 @@ func TestSweepsOrphanedState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pb := probe.New(probe.Config{})
+	pb, err := probe.New(probe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer pb.Close()
 	p, err := prober.New(prober.Config{Store: st, View: cache.New().Snapshot, Probe: pb, OrphanRetention: 100 * time.Millisecond})
 	if err != nil {
@@ -197,7 +200,10 @@ func TestDeposedLeaderSweepsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	pb := probe.New(probe.Config{})
+	pb, err := probe.New(probe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer pb.Close()
 	p, err := prober.New(prober.Config{Store: st, View: cache.New().Snapshot, Probe: pb, OrphanRetention: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})

@@ -8,7 +8,6 @@ import (
 
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/health"
-	"github.com/regcluster/registry/probe"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -29,7 +28,7 @@ func BenchmarkSyncOneChange(b *testing.B) {
 			if _, err := c.Apply(cache.Batch{Revision: 1, Snapshot: true, Instances: insts}); err != nil {
 				b.Fatal(err)
 			}
-			p := &Prober{cfg: Config{Probe: probe.New(probe.Config{}), Thresholds: health.DefaultThresholds(),
+			p := &Prober{cfg: Config{Probe: zeroChecker(), Thresholds: health.DefaultThresholds(),
 				Interval: time.Second, Floor: 100 * time.Millisecond}}
 			p.log = discardLogger()
 			f := p.newFollower()

@@ -27,4 +27,8 @@ var (
 	// page: etcd compacted it, or was restored (another epoch). List again from
 	// the first page.
 	ErrPageExpired = errors.New("listing expired")
+
+	// ErrInvalidConfig is wrapped by every error of Config.Validate, and so of
+	// New (see package configerr).
+	ErrInvalidConfig = errors.New("store: invalid config")
 )

@@ -16,7 +16,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -91,24 +90,15 @@ type Store struct {
 	renew  Renewer
 }
 
-// New returns a Store; it fails only if cfg has no client.
+// New returns a Store; it fails only if cfg does not Validate.
 func New(cfg Config) (*Store, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("store: Config.Client is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	s := &Store{cli: cfg.Client, keys: record.NewKeys(cfg.Prefix), page: cfg.PageSize,
+	cfg = cfg.withDefaults()
+	return &Store{cli: cfg.Client, keys: record.NewKeys(cfg.Prefix), page: cfg.PageSize,
 		log: cfg.Logger, onJunk: cfg.OnJunk, now: cfg.Now,
-		leases: cfg.Leases, commit: cfg.Commit, renew: cfg.Renew}
-	if s.page <= 0 {
-		s.page = 1000
-	}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
-	return s, nil
+		leases: cfg.Leases, commit: cfg.Commit, renew: cfg.Renew}, nil
 }
 
 // Keys is the key layout the Store writes.

@@ -31,44 +31,114 @@ import (
 
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/internal/backoff"
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/etcdread"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
 
-// Config configures a Watcher. Zero fields take the defaults on each.
+// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+// of New: a setting that cannot work (see package configerr).
+var ErrInvalidConfig = errors.New("watch: invalid config")
+
+// Config configures a Watcher. A zero field takes the default its comment
+// states (DefaultConfig has them all); a negative one is refused.
 type Config struct {
 	// Client is the etcd client (required); the Watcher does not close it.
 	Client *clientv3.Client
-	// Prefix is the registry key prefix (default record.DefaultPrefix);
-	// the Watcher follows <Prefix>instances/.
+	// Prefix is the registry key prefix ("": record.DefaultPrefix); the
+	// Watcher follows <Prefix>instances/.
 	Prefix string
-	// Service, if set, narrows the watch to one service.
+	// Service, if set, narrows the watch to one service; it must be a
+	// valid service name (record.ValidService).
 	Service string
-	// PageSize bounds each range read of a list (default 1000).
+	// PageSize bounds each range read of a list, in keys (0: 1000; one
+	// read is then at most about 16 MiB of records at their size cap).
 	PageSize int64
-	// MinBackoff and MaxBackoff bound the wait before a retry (defaults
-	// 100ms and 5s); each wait is jittered.
+	// MinBackoff and MaxBackoff bound the wait before a retry (0: 100ms
+	// and 5s, or MinBackoff if larger: quick enough after a blip, slow
+	// enough not to hammer a struggling etcd); each wait is jittered.
+	// MaxBackoff must be at least MinBackoff.
 	MinBackoff, MaxBackoff time.Duration
 	// ProgressInterval: with no response for this long, the Watcher
 	// delivers one progress batch (a heartbeat at etcd's revision, read
 	// linearizably), or asks etcd for a progress notification when etcd is
-	// ahead of the view (default 1s). An idle registry hears one heartbeat
-	// per interval, plus etcd's own progress notifications.
+	// ahead of the view (0: 1s, well inside the SDK's 3s receive
+	// deadline). An idle registry hears one heartbeat per interval, plus
+	// etcd's own progress notifications.
 	ProgressInterval time.Duration
-	// Logger (default slog.Default()).
+	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
-	// OnJunk is called for every record that is not a valid instance.
+	// OnJunk, if set, is called for every record that is not a valid
+	// instance.
 	OnJunk func(key string, err error)
 	// EpochKey, if set, is where the epoch of the history lives (see
 	// internal/epoch): every snapshot carries the epoch it was read at, the
 	// Watcher creates it if absent and replaces it when it finds etcd
 	// restored under it, and checks it at least every ProgressInterval.
 	EpochKey string
-	// OnRestart is called each time the watch is re-established, with the
-	// reason: "error", "compacted", "new-epoch", "closed".
+	// OnRestart, if set, is called each time the watch is re-established,
+	// with the reason: "error", "compacted", "new-epoch", "closed".
 	OnRestart func(reason string, err error)
+}
+
+// DefaultConfig is a Config with every default but the client.
+func DefaultConfig() Config {
+	return Config{Prefix: record.DefaultPrefix, PageSize: 1000, MinBackoff: 100 * time.Millisecond,
+		MaxBackoff: 5 * time.Second, ProgressInterval: time.Second}
+}
+
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for Validate and New.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Prefix == "" {
+		c.Prefix = d.Prefix
+	}
+	if c.PageSize == 0 {
+		c.PageSize = d.PageSize
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = d.MinBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = max(d.MaxBackoff, c.MinBackoff)
+	}
+	if c.ProgressInterval == 0 {
+		c.ProgressInterval = d.ProgressInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(field string, v any, rule string) error {
+		return configerr.New(ErrInvalidConfig, "watch", field, v, rule)
+	}
+	switch {
+	case c.Client == nil:
+		return configerr.Required(ErrInvalidConfig, "watch", "Client")
+	case c.PageSize < 0:
+		return bad("PageSize", c.PageSize, "must be >= 0 (0: the default)")
+	case c.MinBackoff < 0:
+		return bad("MinBackoff", c.MinBackoff, "must be >= 0 (0: the default)")
+	case c.MaxBackoff < c.MinBackoff:
+		return bad("MaxBackoff", c.MaxBackoff, fmt.Sprintf("must be >= MinBackoff %s (0: the default)", c.MinBackoff))
+	case c.ProgressInterval < 0:
+		return bad("ProgressInterval", c.ProgressInterval, "must be >= 0 (0: the default)")
+	}
+	if c.Service != "" {
+		if err := record.ValidService(c.Service); err != nil {
+			return configerr.Because(ErrInvalidConfig, "watch", "Service", c.Service, err)
+		}
+	}
+	return nil
 }
 
 // Watcher follows the instances under a prefix. Run it once.
@@ -105,33 +175,16 @@ func markOf(kv *mvccpb.KeyValue) mark {
 	return mark{key: string(kv.Key), rev: kv.ModRevision, sum: h.Sum64()}
 }
 
-// New returns a Watcher; it fails only on a missing client or bad service.
+// New returns a Watcher; it fails only if cfg does not Validate.
 func New(cfg Config) (*Watcher, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("watch: Config.Client is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	keys := record.NewKeys(cfg.Prefix)
 	prefix := keys.Instances()
 	if cfg.Service != "" {
-		if err := record.ValidService(cfg.Service); err != nil {
-			return nil, err
-		}
 		prefix = keys.Service(cfg.Service)
-	}
-	if cfg.PageSize <= 0 {
-		cfg.PageSize = 1000
-	}
-	if cfg.MinBackoff <= 0 {
-		cfg.MinBackoff = 100 * time.Millisecond
-	}
-	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = 5 * time.Second
-	}
-	if cfg.ProgressInterval <= 0 {
-		cfg.ProgressInterval = time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("watch", prefix)
 	return &Watcher{cfg: cfg, keys: keys, prefix: prefix, log: log, dec: etcdread.Decoder{Keys: keys, Log: log, OnJunk: cfg.OnJunk}}, nil

@@ -26,6 +26,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/regcluster/registry/internal/buildinfo"
+	"github.com/regcluster/registry/internal/configerr"
+	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/node"
 )
 
@@ -36,6 +38,42 @@ func main() {
 // usageError marks a bad command line: regnode says so, points at --help and
 // exits 2 (a failure to run exits 1).
 type usageError struct{ error }
+
+// flagOf is the flag of each node.Config field whose refusal names it
+// (configerr.Error.Field), so that a usage error names what to change on
+// the command line.
+var flagOf = map[string]string{
+	"Listen": "--listen", "MetricsListen": "--metrics-listen", "EtcdEndpoints": "--etcd-endpoints",
+	"SessionTTL": "--session-ttl", "Prefix": "--prefix", "ProbeInterval": "--probe-interval",
+	"ProbeTimeout": "--probe-timeout", "ProbeConcurrency": "--probe-concurrency",
+	"RingSize": "--watch-ring-size", "QueueSize": "--watch-queue-size", "ShutdownGrace": "--shutdown-grace",
+	"Thresholds.FailuresToDegraded": "--degrade-after", "Thresholds.FailuresToUnavailable": "--unavailable-after",
+	"Thresholds.SuccessesToHealthy": "--recover-after", "Thresholds.SuccessesToDegraded": "--revive-after",
+	"Thresholds.Slow":          "--slow-threshold",
+	"Limits.WriteRate":         "--write-rate",
+	"Limits.WriteBurst":        "--write-burst",
+	"Limits.KeepAliveRate":     "--keepalive-rate",
+	"Limits.KeepAliveBurst":    "--keepalive-burst",
+	"Limits.MaxStreams":        "--max-streams-per-peer",
+	"Limits.MaxRegistrations":  "--max-registrations-per-peer",
+	"Limits.MaxWritesInFlight": "--max-writes-in-flight-per-peer",
+	"MaxRequestBytes":          "--max-request-bytes",
+	"MaxResponseBytes":         "--max-response-bytes",
+	"OperatorDeregister":       "--operator-deregister",
+	"Embed.ClusterState":       "--initial-cluster-state",
+}
+
+// withFlag prefixes a refusal of a Config field with its flag:
+// "--write-burst: node: Config.Limits.WriteBurst must be at least 1, got 0".
+func withFlag(err error) error {
+	var ce *configerr.Error
+	if errors.As(err, &ce) {
+		if flag, ok := flagOf[ce.Field]; ok {
+			return fmt.Errorf("%s: %w", flag, err)
+		}
+	}
+	return err
+}
 
 func run(args []string) int {
 	cfg := node.DefaultConfig()
@@ -85,7 +123,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 				return usageError{err}
 			}
 			if err := cfg.Validate(); err != nil {
-				return usageError{err}
+				return usageError{withFlag(err)}
 			}
 			return serve(cmd.Context(), cfg)
 		},
@@ -99,11 +137,13 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "use this external etcd cluster (URL,...); embed nothing")
 	f.StringVar(&cfg.Name, "name", "", "member name when embedding; also this regnode's name (default \"default\")")
 	f.StringVar(&cfg.Embed.InitialCluster, "initial-cluster", "", "members of the embedded cluster, NAME=PEER_URL,...")
-	f.StringVar(&cfg.Embed.ClusterState, "initial-cluster-state", "new", "new or existing")
-	f.StringVar(&cfg.Embed.Token, "initial-cluster-token", "regnode", "token that keeps separate clusters apart")
-	f.StringSliceVar(&listenClient, "listen-client-urls", []string{"http://127.0.0.1:2379"}, "embedded etcd client URLs")
+	// The embedded member's flags show embedded.DefaultConfig's values.
+	emb := embedded.DefaultConfig()
+	f.StringVar(&cfg.Embed.ClusterState, "initial-cluster-state", emb.ClusterState, "new or existing")
+	f.StringVar(&cfg.Embed.Token, "initial-cluster-token", emb.Token, "token that keeps separate clusters apart")
+	f.StringSliceVar(&listenClient, "listen-client-urls", emb.ListenClientURLs, "embedded etcd client URLs")
 	f.StringSliceVar(&advertiseClient, "advertise-client-urls", nil, "client URLs told to the cluster (default: --listen-client-urls)")
-	f.StringSliceVar(&listenPeer, "listen-peer-urls", []string{"http://127.0.0.1:2380"}, "embedded etcd peer URLs")
+	f.StringSliceVar(&listenPeer, "listen-peer-urls", emb.ListenPeerURLs, "embedded etcd peer URLs")
 	f.StringSliceVar(&advertisePeer, "initial-advertise-peer-urls", nil, "peer URLs told to the cluster (default: --listen-peer-urls)")
 	f.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "etcd key prefix")
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "prober election session TTL")

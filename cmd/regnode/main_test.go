@@ -215,7 +215,10 @@ func TestBadConfigurationExits2(t *testing.T) {
 		{"tiny request cap", map[string]string{"REGNODE_MAX_REQUEST_BYTES": "1024"}, nil, "--max-request-bytes"},
 		{"tiny response cap", nil, []string{"--max-response-bytes", "1024"}, "--max-response-bytes"},
 		{"negative stream cap", nil, []string{"--max-concurrent-streams", "-1"}, "--max-concurrent-streams"},
-		{"negative ring", nil, []string{"--watch-ring-size", "-1"}, "--watch-ring-size"},
+		{"negative ring", nil, []string{"--watch-ring-size", "-1"}, "--watch-ring-size: node: Config.RingSize must be >= 0"},
+		{"session ttl too long", nil, []string{"--session-ttl", "90s"}, "--session-ttl: node: Config.SessionTTL must be whole seconds within 2s..1m (0: the default), got 1m30s"},
+		{"relative prefix", map[string]string{"REGNODE_PREFIX": "registry/"}, nil, `--prefix: node: Config.Prefix must start with '/', got "registry/"`},
+		{"zero slow threshold", nil, []string{"--slow-threshold", "0s"}, "--slow-threshold: node: Config.Thresholds.Slow must be > 0, got 0s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.env, tc.args...)

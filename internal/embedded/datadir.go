@@ -13,12 +13,6 @@ import (
 // systems without flock(2) no lock is taken.)
 const LockFileName = "regnode.lock"
 
-// ErrDataDirInUse means another process (or another member in this one)
-// holds the data directory. Two etcd members on one directory would corrupt
-// it, and etcd itself would block forever in bbolt's flock instead of
-// saying so.
-var ErrDataDirInUse = errors.New("data directory is in use")
-
 // DataDir is a data directory this process holds exclusively, from
 // LockDataDir until Unlock or Discard.
 type DataDir struct {

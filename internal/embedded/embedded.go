@@ -15,39 +15,51 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/tlsfiles"
 	"github.com/regcluster/registry/internal/zapslog"
 )
 
-// Config describes the member. Zero fields take DefaultConfig's values.
+// Config describes the member. A zero field takes the default its comment
+// states (DefaultConfig has those that are not derived from others); a
+// negative number is refused.
 type Config struct {
-	// Name is the member name (default "default").
+	// Name is the member name ("": "default").
 	Name string
-	// Dir holds the member's data (default "./regnode.data").
+	// Dir holds the member's data ("": "regnode.data", in the working
+	// directory).
 	Dir string
-	// ListenClientURLs and AdvertiseClientURLs are the client endpoints
-	// (default http://127.0.0.1:2379).
+	// ListenClientURLs are the client endpoints (empty:
+	// http://127.0.0.1:2379); AdvertiseClientURLs those told to the
+	// cluster (empty: ListenClientURLs). Each must be a URL with a scheme
+	// and a host.
 	ListenClientURLs, AdvertiseClientURLs []string
-	// ListenPeerURLs and AdvertisePeerURLs are the peer endpoints
-	// (default http://127.0.0.1:2380).
+	// ListenPeerURLs are the peer endpoints (empty:
+	// http://127.0.0.1:2380); AdvertisePeerURLs those told to the
+	// cluster (empty: ListenPeerURLs).
 	ListenPeerURLs, AdvertisePeerURLs []string
-	// InitialCluster is name=peerURL,... (default: this member alone).
+	// InitialCluster is name=peerURL,... ("": this member alone, at its
+	// AdvertisePeerURLs).
 	InitialCluster string
-	// ClusterState is "new" or "existing" (default "new").
+	// ClusterState is "new" or "existing" ("": "new").
 	ClusterState string
-	// Token is the initial cluster token (default "regnode").
+	// Token is the initial cluster token ("": "regnode"): it keeps
+	// clusters started side by side from joining each other.
 	Token string
-	// LogLevel is etcd's own log level (default "warn").
+	// LogLevel is etcd's own log level ("": "warn"; etcd refuses a
+	// level it does not know).
 	LogLevel string
 	// UnsafeNoFsync skips fsync: for tests only, never for data you keep.
 	UnsafeNoFsync bool
-	// ReadyTimeout bounds the wait for the member to join (default 60s).
+	// ReadyTimeout bounds the wait for the member to join (0: 60s,
+	// long enough for the other members of a new cluster to start).
 	ReadyTimeout time.Duration
 	// ProgressNotifyInterval is how often idle watchers hear progress
-	// (default 5s).
+	// (0: 5s, etcd's --experimental-watch-progress-notify-interval is
+	// 10m; the registry's watchers want to hear sooner).
 	ProgressNotifyInterval time.Duration
 	// Logger receives etcd's own logs at LogLevel and above, and Start's
-	// progress at info (default: etcd's own zap logger on stderr; progress
+	// progress at info (nil: etcd's own zap logger on stderr; progress
 	// is then not logged).
 	Logger *slog.Logger
 	// DataDir, if set, is Dir already locked by the caller (LockDataDir),
@@ -94,21 +106,33 @@ func (m *Member) Close() {
 	}
 }
 
-func (c *Config) defaults() {
+// DefaultConfig is a Config with every default that does not depend on
+// another field (AdvertiseClientURLs, AdvertisePeerURLs and
+// InitialCluster follow the listen URLs and the name).
+func DefaultConfig() Config {
+	return Config{Name: "default", Dir: "regnode.data", ListenClientURLs: []string{"http://127.0.0.1:2379"},
+		ListenPeerURLs: []string{"http://127.0.0.1:2380"}, ClusterState: embed.ClusterStateFlagNew, Token: "regnode",
+		LogLevel: "warn", ReadyTimeout: 60 * time.Second, ProgressNotifyInterval: 5 * time.Second}
+}
+
+// withDefaults is c with its zero fields set to their defaults: the one
+// place defaults are filled, for Validate, ValidateTLS and Start.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
 	if c.Name == "" {
-		c.Name = "default"
+		c.Name = d.Name
 	}
 	if c.Dir == "" {
-		c.Dir = "regnode.data"
+		c.Dir = d.Dir
 	}
 	if len(c.ListenClientURLs) == 0 {
-		c.ListenClientURLs = []string{"http://127.0.0.1:2379"}
+		c.ListenClientURLs = d.ListenClientURLs
 	}
 	if len(c.AdvertiseClientURLs) == 0 {
 		c.AdvertiseClientURLs = c.ListenClientURLs
 	}
 	if len(c.ListenPeerURLs) == 0 {
-		c.ListenPeerURLs = []string{"http://127.0.0.1:2380"}
+		c.ListenPeerURLs = d.ListenPeerURLs
 	}
 	if len(c.AdvertisePeerURLs) == 0 {
 		c.AdvertisePeerURLs = c.ListenPeerURLs
@@ -121,20 +145,57 @@ func (c *Config) defaults() {
 		c.InitialCluster = strings.Join(parts, ",")
 	}
 	if c.ClusterState == "" {
-		c.ClusterState = embed.ClusterStateFlagNew
+		c.ClusterState = d.ClusterState
 	}
 	if c.Token == "" {
-		c.Token = "regnode"
+		c.Token = d.Token
 	}
 	if c.LogLevel == "" {
-		c.LogLevel = "warn"
+		c.LogLevel = d.LogLevel
 	}
 	if c.ReadyTimeout == 0 {
-		c.ReadyTimeout = 60 * time.Second
+		c.ReadyTimeout = d.ReadyTimeout
 	}
 	if c.ProgressNotifyInterval == 0 {
-		c.ProgressNotifyInterval = 5 * time.Second
+		c.ProgressNotifyInterval = d.ProgressNotifyInterval
 	}
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig. It does not
+// check TLS against the URLs: ValidateTLS does (Start checks both).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(field string, v any, rule string) error {
+		return configerr.New(ErrInvalidConfig, "embedded", field, v, rule)
+	}
+	for _, f := range []struct {
+		name string
+		urls []string
+	}{
+		{"ListenClientURLs", c.ListenClientURLs}, {"AdvertiseClientURLs", c.AdvertiseClientURLs},
+		{"ListenPeerURLs", c.ListenPeerURLs}, {"AdvertisePeerURLs", c.AdvertisePeerURLs},
+	} {
+		for _, u := range f.urls {
+			if _, err := parseURLs(f.name, []string{u}); err != nil {
+				return bad(f.name, u, "must be a URL like http://127.0.0.1:2379")
+			}
+		}
+	}
+	switch {
+	case c.ClusterState != embed.ClusterStateFlagNew && c.ClusterState != embed.ClusterStateFlagExisting:
+		return bad("ClusterState", c.ClusterState, `must be "new" or "existing"`)
+	case c.ReadyTimeout < 0:
+		return bad("ReadyTimeout", c.ReadyTimeout, "must be >= 0 (0: the default)")
+	case c.ProgressNotifyInterval < 0:
+		return bad("ProgressNotifyInterval", c.ProgressNotifyInterval, "must be >= 0 (0: the default)")
+	case c.QuotaBackendBytes < 0:
+		return bad("QuotaBackendBytes", c.QuotaBackendBytes, "must be >= 0 (0: etcd's default)")
+	case c.BcryptCost < 0:
+		return bad("BcryptCost", c.BcryptCost, "must be >= 0 (0: etcd's default)")
+	}
+	return nil
 }
 
 func parseURLs(field string, ss []string) ([]url.URL, error) {
@@ -154,7 +215,7 @@ func parseURLs(field string, ss []string) ([]url.URL, error) {
 // certificate demanded with no CA to check it against. Unset URLs count
 // as their http defaults. Start checks it too.
 func (c Config) ValidateTLS() error {
-	c.defaults()
+	c = c.withDefaults()
 	client, err := parseURLs("listen-client-urls", c.ListenClientURLs)
 	if err != nil {
 		return err
@@ -199,7 +260,10 @@ func tlsInfo(t tlsfiles.Server) transport.TLSInfo {
 // the directory as it found it when etcd never ran on it (a port in use,
 // a bad setting): see DataDir.Discard.
 func Start(ctx context.Context, c Config) (_ *Member, err error) {
-	c.defaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	c = c.withDefaults()
 	dir := c.DataDir
 	if dir == nil {
 		if dir, err = LockDataDir(c.Dir); err != nil {

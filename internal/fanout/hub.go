@@ -36,6 +36,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/watch"
@@ -51,25 +52,32 @@ var (
 	ErrClosed = errors.New("fan-out hub closed")
 )
 
-// Config configures a Hub. Zero fields take the defaults on each.
+// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+// of New (see package configerr).
+var ErrInvalidConfig = errors.New("fanout: invalid config")
+
+// Config configures a Hub. A zero field takes the default its comment
+// states (DefaultConfig has them all); a negative one is refused.
 type Config struct {
 	// Client is the etcd client (required).
 	Client *clientv3.Client
-	// Prefix is the registry key prefix (default record.DefaultPrefix).
+	// Prefix is the registry key prefix ("": record.DefaultPrefix).
 	Prefix string
 	// RingSize bounds the recent events kept for resuming subscribers
-	// (default 10000).
+	// (0: 10000, a rollout of a few thousand instances; a subscriber
+	// that resumes from before the ring gets a reset snapshot).
 	RingSize int
 	// QueueSize bounds each subscriber's queue: the transactions of its
 	// service not yet sent (progress is never queued); a subscriber that
-	// falls further behind is reset (default 1024).
+	// falls further behind is reset (0: 1024).
 	QueueSize int
 	// CatchUpTimeout bounds how long a subscriber ahead of this regnode
-	// waits for it (default 2s: below the SDK's 3 s receive deadline).
+	// waits for it (0: 2s, below the SDK's 3s receive deadline).
 	CatchUpTimeout time.Duration
-	// ProgressInterval is passed to the watcher (default 1s).
+	// ProgressInterval is the watcher's (watch.Config.ProgressInterval;
+	// 0: its default, 1s).
 	ProgressInterval time.Duration
-	// Logger (default slog.Default()).
+	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 	// Hooks for metrics; any may be nil.
 	OnJunk         func(key string, err error)
@@ -77,6 +85,59 @@ type Config struct {
 	OnReset        func(reason string) // a subscriber is due a reset snapshot
 	OnStale        func()              // a batch the cache refused
 	OnSubscribers  func(n int)         // the number of subscribers changed
+}
+
+// DefaultConfig is a Config with every default but the client.
+func DefaultConfig() Config {
+	return Config{Prefix: record.DefaultPrefix, RingSize: 10000, QueueSize: 1024, CatchUpTimeout: 2 * time.Second,
+		ProgressInterval: watch.DefaultConfig().ProgressInterval}
+}
+
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for Validate and New.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Prefix == "" {
+		c.Prefix = d.Prefix
+	}
+	if c.RingSize == 0 {
+		c.RingSize = d.RingSize
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = d.QueueSize
+	}
+	if c.CatchUpTimeout == 0 {
+		c.CatchUpTimeout = d.CatchUpTimeout
+	}
+	if c.ProgressInterval == 0 {
+		c.ProgressInterval = d.ProgressInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(field string, v any) error {
+		return configerr.New(ErrInvalidConfig, "fanout", field, v, "must be >= 0 (0: the default)")
+	}
+	switch {
+	case c.Client == nil:
+		return configerr.Required(ErrInvalidConfig, "fanout", "Client")
+	case c.RingSize < 0:
+		return bad("RingSize", c.RingSize)
+	case c.QueueSize < 0:
+		return bad("QueueSize", c.QueueSize)
+	case c.CatchUpTimeout < 0:
+		return bad("CatchUpTimeout", c.CatchUpTimeout)
+	case c.ProgressInterval < 0:
+		return bad("ProgressInterval", c.ProgressInterval)
+	}
+	return nil
 }
 
 // Hub is the fan-out. Run it once; Subscribe from any goroutine.
@@ -121,25 +182,18 @@ type tick struct {
 	changed  chan struct{}
 }
 
-// New returns a Hub; call Run to start it.
+// New returns a Hub; call Run to start it. It fails only if cfg does not
+// Validate.
 func New(cfg Config) (*Hub, error) {
-	if cfg.RingSize <= 0 {
-		cfg.RingSize = 10000
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.QueueSize <= 0 {
-		cfg.QueueSize = 1024
-	}
-	if cfg.CatchUpTimeout <= 0 {
-		cfg.CatchUpTimeout = 2 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	key := epoch.Key(cfg.Prefix)
 	w, err := watch.New(watch.Config{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger, EpochKey: key,
 		ProgressInterval: cfg.ProgressInterval, OnJunk: cfg.OnJunk, OnRestart: cfg.OnWatchRestart})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fanout: %w", err)
 	}
 	h := newHub(cfg)
 	h.w, h.epochKey = w, key

@@ -10,4 +10,8 @@ var (
 	// ErrNotFound means etcd does not know the lease (expired, revoked, or lost
 	// in a restore): renewing it cannot help.
 	ErrNotFound = errors.New("lease not found")
+
+	// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+	// of New (see package configerr).
+	ErrInvalidConfig = errors.New("leasepool: invalid config")
 )

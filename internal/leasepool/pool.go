@@ -23,6 +23,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/regcluster/registry/internal/configerr"
 )
 
 // Config configures a Pool.
@@ -52,15 +54,48 @@ func DefaultConfig() Config {
 	return Config{Size: 64, TTLs: 4, Grants: 16, Tick: 250 * time.Millisecond}
 }
 
-// Validate reports a missing required field or a negative bound.
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for Validate and New.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Size == 0 {
+		c.Size = d.Size
+	}
+	if c.TTLs == 0 {
+		c.TTLs = d.TTLs
+	}
+	if c.Grants == 0 {
+		c.Grants = d.Grants
+	}
+	if c.Tick == 0 {
+		c.Tick = d.Tick
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports a missing required field or a negative bound, with
+// the defaults filled, as a *configerr.Error wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(field string, v any) error {
+		return configerr.New(ErrInvalidConfig, "leasepool", field, v, "must be >= 0 (0: the default)")
+	}
 	switch {
 	case c.Client == nil:
-		return errors.New("leasepool: Config.Client is required")
+		return configerr.Required(ErrInvalidConfig, "leasepool", "Client")
 	case c.Renewer == nil:
-		return errors.New("leasepool: Config.Renewer is required")
-	case c.Size < 0 || c.TTLs < 0 || c.Grants < 0 || c.Tick < 0:
-		return fmt.Errorf("leasepool: negative bound in %+v", c)
+		return configerr.Required(ErrInvalidConfig, "leasepool", "Renewer")
+	case c.Size < 0:
+		return bad("Size", c.Size)
+	case c.TTLs < 0:
+		return bad("TTLs", c.TTLs)
+	case c.Grants < 0:
+		return bad("Grants", c.Grants)
+	case c.Tick < 0:
+		return bad("Tick", c.Tick)
 	}
 	return nil
 }
@@ -105,25 +140,10 @@ type idle struct {
 
 // New starts a Pool; Close stops it.
 func New(cfg Config) (*Pool, error) {
-	d := DefaultConfig()
-	if cfg.Size == 0 {
-		cfg.Size = d.Size
-	}
-	if cfg.TTLs == 0 {
-		cfg.TTLs = d.TTLs
-	}
-	if cfg.Grants == 0 {
-		cfg.Grants = d.Grants
-	}
-	if cfg.Tick == 0 {
-		cfg.Tick = d.Tick
-	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1),
 		buckets: map[int64]*bucket{}}

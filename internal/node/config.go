@@ -1,8 +1,6 @@
 package node
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/regcluster/registry/health"
 	"github.com/regcluster/registry/internal/chunk"
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/tlsfiles"
@@ -185,54 +184,66 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports the first setting that cannot work.
+// Validate reports the first setting that cannot work: a
+// *configerr.Error naming the Config field and wrapping ErrInvalidConfig,
+// or a security check's error naming flags.
 func (c *Config) Validate() error {
+	filled := c.withDefaults()
+	c = &filled
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return fmt.Errorf("--listen %q is not host:port", c.Listen)
+		return invalid("Listen", c.Listen, "must be host:port")
 	}
 	if c.MetricsListen != "off" && c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
-			return fmt.Errorf("--metrics-listen %q is not host:port (or \"off\")", c.MetricsListen)
+			return invalid("MetricsListen", c.MetricsListen, `must be host:port or "off"`)
 		}
 	}
 	for _, ep := range c.EtcdEndpoints {
 		if strings.TrimSpace(ep) == "" {
-			return errors.New("--etcd-endpoints has an empty entry")
+			return invalid("EtcdEndpoints", strings.Join(c.EtcdEndpoints, ","), "has an empty entry")
 		}
 	}
-	if c.SessionTTL != 0 && (c.SessionTTL < 2*time.Second || c.SessionTTL > time.Minute) {
-		return fmt.Errorf("--session-ttl %s is outside 2s..1m", c.SessionTTL)
+	if c.SessionTTL < 2*time.Second || c.SessionTTL > time.Minute || c.SessionTTL%time.Second != 0 {
+		// Whole seconds: etcd grants the election's lease in seconds.
+		return invalid("SessionTTL", c.SessionTTL, "must be whole seconds within 2s..1m (0: the default)")
 	}
 	if c.Prefix != "" && !strings.HasPrefix(c.Prefix, "/") {
-		return fmt.Errorf("--prefix %q must start with '/'", c.Prefix)
+		return invalid("Prefix", c.Prefix, "must start with '/'")
 	}
 	if c.ProbeInterval != 0 && c.ProbeInterval < 100*time.Millisecond {
-		return fmt.Errorf("--probe-interval %s is below the 100ms floor", c.ProbeInterval)
+		return invalid("ProbeInterval", c.ProbeInterval, "must be at least the 100ms floor (0: the default)")
 	}
-	if c.ProbeTimeout < 0 || c.ProbeConcurrency < 0 {
-		return errors.New("--probe-timeout and --probe-concurrency must not be negative")
-	}
-	if c.RingSize < 0 || c.QueueSize < 0 {
-		return errors.New("--watch-ring-size and --watch-queue-size must not be negative")
+	for _, f := range []struct {
+		name string
+		v    any
+		neg  bool
+	}{
+		{"ProbeTimeout", c.ProbeTimeout, c.ProbeTimeout < 0}, {"ProbeConcurrency", c.ProbeConcurrency, c.ProbeConcurrency < 0},
+		{"RingSize", c.RingSize, c.RingSize < 0}, {"QueueSize", c.QueueSize, c.QueueSize < 0},
+		{"ShutdownGrace", c.ShutdownGrace, c.ShutdownGrace < 0},
+	} {
+		if f.neg {
+			return invalid(f.name, f.v, "must be >= 0 (0: the default)")
+		}
 	}
 	if c.Thresholds != (health.Thresholds{}) {
 		if err := c.Thresholds.Validate(); err != nil {
-			return fmt.Errorf("health thresholds: %w", err)
+			return configerr.Within(ErrInvalidConfig, "node", "Thresholds", err)
 		}
 	}
 	if c.Limits != (peerlimit.Config{}) {
 		if err := c.Limits.Validate(); err != nil {
-			return err
+			return configerr.Within(ErrInvalidConfig, "node", "Limits", err)
 		}
 	}
 	if err := c.validateAPILimits(); err != nil {
 		return err
 	}
 	if s := c.OperatorDeregister; s != "" && s != "loopback" && s != "none" {
-		return fmt.Errorf("--operator-deregister %q must be loopback or none", s)
+		return invalid("OperatorDeregister", s, `must be "loopback" or "none"`)
 	}
 	if s := c.Embed.ClusterState; s != "" && s != "new" && s != "existing" {
-		return fmt.Errorf("--initial-cluster-state %q must be new or existing", s)
+		return invalid("Embed.ClusterState", s, `must be "new" or "existing"`)
 	}
 	return c.validateSecurity()
 }

@@ -34,10 +34,12 @@ func (c *Config) defaultAPILimits() {
 // chunk (0 means the default).
 func (c *Config) validateAPILimits() error {
 	if c.MaxRequestBytes != 0 && c.MaxRequestBytes < MinRequestBytes {
-		return fmt.Errorf("--max-request-bytes %d is below %d (twice the largest record)", c.MaxRequestBytes, MinRequestBytes)
+		return invalid("MaxRequestBytes", c.MaxRequestBytes,
+			fmt.Sprintf("must be at least %d, twice the largest record (0: the default)", MinRequestBytes))
 	}
 	if c.MaxResponseBytes != 0 && c.MaxResponseBytes < MinResponseBytes {
-		return fmt.Errorf("--max-response-bytes %d is below %d (twice a List page or Watch chunk)", c.MaxResponseBytes, MinResponseBytes)
+		return invalid("MaxResponseBytes", c.MaxResponseBytes,
+			fmt.Sprintf("must be at least %d, twice a List page or Watch chunk (0: the default)", MinResponseBytes))
 	}
 	return nil
 }

@@ -56,9 +56,9 @@ func TestAPILimitsValidate(t *testing.T) {
 		mod  func(*node.Config)
 		flag string
 	}{
-		{func(c *node.Config) { c.MaxRequestBytes = node.MinRequestBytes - 1 }, "--max-request-bytes"},
-		{func(c *node.Config) { c.MaxResponseBytes = node.MinResponseBytes - 1 }, "--max-response-bytes"},
-		{func(c *node.Config) { c.Limits.MaxRegistrations = 0 }, "--max-registrations-per-peer"},
+		{func(c *node.Config) { c.MaxRequestBytes = node.MinRequestBytes - 1 }, "Config.MaxRequestBytes"},
+		{func(c *node.Config) { c.MaxResponseBytes = node.MinResponseBytes - 1 }, "Config.MaxResponseBytes"},
+		{func(c *node.Config) { c.Limits.MaxRegistrations = 0 }, "Config.Limits.MaxRegistrations"},
 	} {
 		c := node.DefaultConfig()
 		tc.mod(&c)

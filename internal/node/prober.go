@@ -21,7 +21,10 @@ import (
 // election (and the prober's leadership in it) has returned.
 func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) error {
 	m := n.metrics
-	n.probe = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log})
+	var err error
+	if n.probe, err = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log}); err != nil {
+		return err
+	}
 	if err := n.life.Start(ctx, stopper.Component{Name: "probe checker",
 		Close: func() error { n.probe.Close(); return nil }}); err != nil {
 		return err

@@ -14,10 +14,6 @@ import (
 	"github.com/regcluster/registry/internal/embedded"
 )
 
-// ErrInsecureListener is a listener on a non-loopback address that would
-// serve without TLS, refused unless Config.Insecure says so.
-var ErrInsecureListener = errors.New("non-loopback listener without TLS")
-
 // validateSecurity checks the TLS and credential settings, and refuses a
 // plaintext listener anyone off this host could reach unless Insecure.
 func (c *Config) validateSecurity() error {

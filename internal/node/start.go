@@ -21,7 +21,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
-	"github.com/regcluster/registry/health"
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/leasepool"
@@ -38,32 +37,10 @@ import (
 
 // Start brings a regnode up and returns once its API accepts calls.
 func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
-	def := DefaultConfig()
-	if cfg.Listen == "" {
-		cfg.Listen = def.Listen
-	}
-	if cfg.MetricsListen == "" {
-		cfg.MetricsListen = def.MetricsListen
-	}
-	if cfg.SessionTTL == 0 {
-		cfg.SessionTTL = def.SessionTTL
-	}
-	if cfg.ShutdownGrace == 0 {
-		cfg.ShutdownGrace = def.ShutdownGrace
-	}
-	if cfg.Thresholds == (health.Thresholds{}) {
-		cfg.Thresholds = health.DefaultThresholds()
-	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = def.Prefix
-	}
-	cfg.defaultAPILimits()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Logger, life: stopper.New()}
 	defer func() {
 		if err != nil {

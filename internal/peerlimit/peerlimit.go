@@ -21,6 +21,8 @@ import (
 
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/peer"
+
+	"github.com/regcluster/registry/internal/configerr"
 )
 
 // ErrLimited is wrapped by every *Error: a caller over one of its limits.
@@ -77,23 +79,33 @@ func Unlimited() Config {
 		MaxRegistrations: math.MaxInt, MaxWritesInFlight: math.MaxInt}
 }
 
-// Validate reports the first limit that cannot work, by its flag name.
+// ErrInvalidConfig is wrapped by every error of Config.Validate, and so of
+// New (see package configerr).
+var ErrInvalidConfig = errors.New("peerlimit: invalid config")
+
+// Validate reports the first limit that cannot work, naming its Config
+// field, as a *configerr.Error wrapping ErrInvalidConfig. No field has a
+// zero default: the zero Config limits everything to nothing and is
+// refused (node.Config takes a zero Limits as DefaultConfig()).
 func (c Config) Validate() error {
+	bad := func(field string, v any, rule string) error {
+		return configerr.New(ErrInvalidConfig, "peerlimit", field, v, rule)
+	}
 	switch {
-	case c.WriteRate <= 0:
-		return fmt.Errorf("--write-rate %g must be positive", c.WriteRate)
+	case !(c.WriteRate > 0):
+		return bad("WriteRate", c.WriteRate, "must be > 0")
 	case c.WriteBurst < 1:
-		return fmt.Errorf("--write-burst %d must be at least 1", c.WriteBurst)
-	case c.KeepAliveRate <= 0:
-		return fmt.Errorf("--keepalive-rate %g must be positive", c.KeepAliveRate)
+		return bad("WriteBurst", c.WriteBurst, "must be at least 1")
+	case !(c.KeepAliveRate > 0):
+		return bad("KeepAliveRate", c.KeepAliveRate, "must be > 0")
 	case c.KeepAliveBurst < 1:
-		return fmt.Errorf("--keepalive-burst %d must be at least 1", c.KeepAliveBurst)
+		return bad("KeepAliveBurst", c.KeepAliveBurst, "must be at least 1")
 	case c.MaxStreams < 1:
-		return fmt.Errorf("--max-streams-per-peer %d must be at least 1", c.MaxStreams)
+		return bad("MaxStreams", c.MaxStreams, "must be at least 1")
 	case c.MaxRegistrations < 1:
-		return fmt.Errorf("--max-registrations-per-peer %d must be at least 1", c.MaxRegistrations)
+		return bad("MaxRegistrations", c.MaxRegistrations, "must be at least 1")
 	case c.MaxWritesInFlight < 1:
-		return fmt.Errorf("--max-writes-in-flight-per-peer %d must be at least 1", c.MaxWritesInFlight)
+		return bad("MaxWritesInFlight", c.MaxWritesInFlight, "must be at least 1")
 	}
 	return nil
 }

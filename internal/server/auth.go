@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/metrics"
 	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/token"
@@ -273,15 +274,63 @@ func TokenOperator(ctx context.Context) error {
 	return errors.New("deregistering another's instance needs an operate token")
 }
 
-// TokensConfig configures the Tokens service.
+// TokensConfig configures the Tokens service. A zero field takes the
+// default its comment states (DefaultTokensConfig has them all).
 type TokensConfig struct {
-	Cache   *token.Cache     // required: what ListTokens reads
-	Client  *clientv3.Client // required: where tokens are written
-	Prefix  string           // the registry's key prefix
-	Metrics *metrics.Metrics // required
-	Logger  *slog.Logger
-	// CallTimeout bounds each etcd call (default 5s).
+	// Cache is what ListTokens reads (required).
+	Cache *token.Cache
+	// Client is where tokens are written (required).
+	Client *clientv3.Client
+	// Prefix is the registry's key prefix ("": record.DefaultPrefix).
+	Prefix string
+	// Metrics receives the token-change counter (required).
+	Metrics *metrics.Metrics
+	// Logger receives the audit lines (nil: slog.Default()).
+	Logger *slog.Logger
+	// CallTimeout bounds each etcd call (0: 5s, as Config.CallTimeout);
+	// it must not be negative.
 	CallTimeout time.Duration
+}
+
+// DefaultTokensConfig is a TokensConfig with every default but the
+// required fields.
+func DefaultTokensConfig() TokensConfig {
+	return TokensConfig{Prefix: record.DefaultPrefix, CallTimeout: DefaultConfig().CallTimeout}
+}
+
+// withDefaults is c with its zero fields set to DefaultTokensConfig's.
+func (c TokensConfig) withDefaults() TokensConfig {
+	d := DefaultTokensConfig()
+	if c.Prefix == "" {
+		c.Prefix = d.Prefix
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = d.CallTimeout
+	}
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig.
+func (c TokensConfig) Validate() error {
+	c = c.withDefaults()
+	var err *configerr.Error
+	switch {
+	case c.Cache == nil:
+		err = configerr.Required(ErrInvalidConfig, "server", "Cache")
+	case c.Client == nil:
+		err = configerr.Required(ErrInvalidConfig, "server", "Client")
+	case c.Metrics == nil:
+		err = configerr.Required(ErrInvalidConfig, "server", "Metrics")
+	case c.CallTimeout < 0:
+		err = configerr.New(ErrInvalidConfig, "server", "CallTimeout", c.CallTimeout, "must be >= 0 (0: the default)")
+	default:
+		return nil
+	}
+	return err.Of("TokensConfig")
 }
 
 // Tokens is the registry.v1.Tokens service: create, list and revoke
@@ -293,20 +342,13 @@ type Tokens struct {
 	changes *prometheus.CounterVec
 }
 
-// NewTokens returns the Tokens service of cfg.
+// NewTokens returns the Tokens service of cfg; it fails if cfg does not
+// Validate or its metric cannot be registered.
 func NewTokens(cfg TokensConfig) (*Tokens, error) {
-	if cfg.Cache == nil || cfg.Client == nil || cfg.Metrics == nil {
-		return nil, errors.New("server: TokensConfig.Cache, Client and Metrics are required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = record.DefaultPrefix
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = 5 * time.Second
-	}
+	cfg = cfg.withDefaults()
 	t := &Tokens{cfg: cfg, changes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "registry_token_changes_total",
 		Help: "Token creates and revokes, by operation and result (ok or the gRPC code).",

@@ -30,6 +30,7 @@ import (
 
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/internal/chunk"
+	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/metrics"
@@ -40,7 +41,13 @@ import (
 	"github.com/regcluster/registry/store"
 )
 
-// Config configures a Server.
+// ErrInvalidConfig is wrapped by every error of Config.Validate and
+// TokensConfig.Validate, and so of New and NewTokens (see package
+// configerr).
+var ErrInvalidConfig = errors.New("server: invalid config")
+
+// Config configures a Server. A zero field takes the default its comment
+// states (DefaultConfig has them all).
 type Config struct {
 	// Store is where records live (required).
 	Store *store.Store
@@ -56,19 +63,21 @@ type Config struct {
 	Leader func(context.Context) string
 	// Hub serves Watch; without it Watch is Unimplemented.
 	Hub *fanout.Hub
-	// Logger (default slog.Default()).
+	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
-	// CallTimeout bounds each etcd call made for one request (default 5s).
+	// CallTimeout bounds each etcd call made for one request (0: 5s,
+	// longer than an etcd leader election, shorter than a client's
+	// patience); it must not be negative.
 	CallTimeout time.Duration
 	// Limits, if set, are the per-peer rate limits and stream caps.
 	Limits *peerlimit.Limiter
 	// Operator decides whether a Deregister without the registration's
 	// secret (an operator removing an instance) is allowed: it returns
 	// nil to allow, or an error saying why not (sent as PermissionDenied).
-	// Default LoopbackOperator; with tokens, TokenOperator.
+	// nil: LoopbackOperator; with tokens, TokenOperator.
 	Operator func(context.Context) error
 	// LimitKey names the caller whose buckets of Limits a call takes
-	// from (default peerlimit.Peer; with tokens, TokenLimitKey).
+	// from (nil: peerlimit.Peer; with tokens, TokenLimitKey).
 	LimitKey func(context.Context) string
 	// Addr is this regnode's API address, reported by WaitApplied.
 	Addr string
@@ -79,6 +88,45 @@ type Config struct {
 	// DialPeer connects to another regnode's API at addr; close releases
 	// the connection.
 	DialPeer func(addr string) (cli registryv1.RegistryClient, close func(), err error)
+}
+
+// DefaultConfig is a Config with every default but the required fields.
+func DefaultConfig() Config {
+	return Config{CallTimeout: 5 * time.Second, Operator: LoopbackOperator, LimitKey: peerlimit.Peer}
+}
+
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for Validate and New.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = d.CallTimeout
+	}
+	if c.Operator == nil {
+		c.Operator = d.Operator
+	}
+	if c.LimitKey == nil {
+		c.LimitKey = d.LimitKey
+	}
+	return c
+}
+
+// Validate reports the first field that cannot work, with its defaults
+// filled, as a *configerr.Error wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Store == nil:
+		return configerr.Required(ErrInvalidConfig, "server", "Store")
+	case c.Metrics == nil:
+		return configerr.Required(ErrInvalidConfig, "server", "Metrics")
+	case c.CallTimeout < 0:
+		return configerr.New(ErrInvalidConfig, "server", "CallTimeout", c.CallTimeout, "must be >= 0 (0: the default)")
+	}
+	return nil
 }
 
 // LoopbackOperator allows operator calls from this regnode's own host (a
@@ -109,23 +157,12 @@ type Server struct {
 	subs subscribers
 }
 
-// New returns a Server; it fails if a required field is missing.
+// New returns a Server; it fails only if cfg does not Validate.
 func New(cfg Config) (*Server, error) {
-	if cfg.Store == nil || cfg.Metrics == nil {
-		return nil, errors.New("server: Config.Store and Config.Metrics are required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = 5 * time.Second
-	}
-	if cfg.Operator == nil {
-		cfg.Operator = LoopbackOperator
-	}
-	if cfg.LimitKey == nil {
-		cfg.LimitKey = peerlimit.Peer
-	}
+	cfg = cfg.withDefaults()
 	return &Server{cfg: cfg, st: cfg.Store, m: cfg.Metrics, log: cfg.Logger}, nil
 }
 

@@ -12,6 +12,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/regcluster/registry/internal/configerr"
 )
 
 // Config configures a Cache.
@@ -33,13 +35,26 @@ type Config struct {
 // DefaultConfig is a Cache of the default prefix; Client must be set.
 func DefaultConfig() Config { return Config{Prefix: "/registry/v1/"} }
 
-// Validate reports a missing field.
+// withDefaults is c with its nil Logger and Now set: the one place
+// defaults are filled, for NewCache. (Prefix has no zero default.)
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports a missing Client or a Prefix not starting with '/', as
+// a *configerr.Error wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
 	if c.Client == nil {
-		return errors.New("token: Config.Client is required")
+		return configerr.Required(ErrInvalidConfig, "token", "Client")
 	}
 	if !strings.HasPrefix(c.Prefix, "/") {
-		return fmt.Errorf("token: Config.Prefix %q must start with '/'", c.Prefix)
+		return configerr.New(ErrInvalidConfig, "token", "Prefix", c.Prefix, "must start with '/'")
 	}
 	return nil
 }
@@ -70,12 +85,7 @@ func NewCache(cfg Config) (*Cache, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg = cfg.withDefaults()
 	return &Cache{cfg: cfg, ready: make(chan struct{}), byHash: map[string]*Record{},
 		byName: map[string]*Record{}, lastUse: map[string]time.Time{}, gone: map[string]chan struct{}{}, moved: make(chan struct{})}, nil
 }

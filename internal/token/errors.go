@@ -23,4 +23,8 @@ var (
 
 	// ErrMalformed is wrapped by Parse for a value that is not a token.
 	ErrMalformed = tokenformat.ErrMalformed
+
+	// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+	// of NewCache (see package configerr).
+	ErrInvalidConfig = errors.New("token: invalid config")
 )

@@ -18,7 +18,6 @@ package txnbatch
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -28,6 +27,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+
+	"github.com/regcluster/registry/internal/configerr"
 )
 
 // ErrClosed is returned by Do on a closed Batcher.
@@ -78,16 +79,56 @@ func DefaultConfig() Config {
 	return Config{MaxOps: 64, MaxBytes: 1 << 20, InFlight: 2, Timeout: 5 * time.Second}
 }
 
-// Validate reports a missing client or a negative bound.
+// ErrInvalidConfig is wrapped by every error of Config.Validate, and so
+// of New (see package configerr).
+var ErrInvalidConfig = errors.New("txnbatch: invalid config")
+
+// withDefaults is c with its zero fields set to DefaultConfig's: the one
+// place defaults are filled, for Validate and New.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.MaxOps == 0 {
+		c.MaxOps = d.MaxOps
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = d.MaxBytes
+	}
+	if c.InFlight == 0 {
+		c.InFlight = d.InFlight
+	}
+	if c.Timeout == 0 {
+		c.Timeout = d.Timeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports a missing client, a negative bound or a MaxOps over
+// etcd's default --max-txn-ops, with the defaults filled, as a
+// *configerr.Error wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
-	if c.Client == nil {
-		return errors.New("txnbatch: Config.Client is required")
+	c = c.withDefaults()
+	bad := func(field string, v any, rule string) error {
+		return configerr.New(ErrInvalidConfig, "txnbatch", field, v, rule)
 	}
-	if c.MaxOps < 0 || c.MaxBytes < 0 || c.InFlight < 0 || c.Linger < 0 || c.Timeout < 0 {
-		return fmt.Errorf("txnbatch: negative bound in %+v", c)
-	}
-	if c.MaxOps > 128 {
-		return fmt.Errorf("txnbatch: MaxOps %d is over etcd's default --max-txn-ops 128", c.MaxOps)
+	const neg = "must be >= 0 (0: the default)"
+	switch {
+	case c.Client == nil:
+		return configerr.Required(ErrInvalidConfig, "txnbatch", "Client")
+	case c.MaxOps < 0:
+		return bad("MaxOps", c.MaxOps, neg)
+	case c.MaxOps > 128:
+		return bad("MaxOps", c.MaxOps, "must be at most etcd's default --max-txn-ops 128")
+	case c.MaxBytes < 0:
+		return bad("MaxBytes", c.MaxBytes, neg)
+	case c.InFlight < 0:
+		return bad("InFlight", c.InFlight, neg)
+	case c.Linger < 0:
+		return bad("Linger", c.Linger, "must be >= 0 (0: commit at once)")
+	case c.Timeout < 0:
+		return bad("Timeout", c.Timeout, neg)
 	}
 	return nil
 }
@@ -127,25 +168,10 @@ type outcome struct {
 
 // New starts a Batcher; Close stops it.
 func New(cfg Config) (*Batcher, error) {
-	d := DefaultConfig()
-	if cfg.MaxOps == 0 {
-		cfg.MaxOps = d.MaxOps
-	}
-	if cfg.MaxBytes == 0 {
-		cfg.MaxBytes = d.MaxBytes
-	}
-	if cfg.InFlight == 0 {
-		cfg.InFlight = d.InFlight
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = d.Timeout
-	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	b := &Batcher{cfg: cfg, log: cfg.Logger, calls: make(chan *call, 4*cfg.MaxOps), done: make(chan struct{})}
 	for range cfg.InFlight {
 		b.wg.Add(1)

@@ -1,0 +1,61 @@
+package node_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/regcluster/registry/internal/configerr/configtest"
+	"github.com/regcluster/registry/internal/node"
+	"github.com/regcluster/registry/internal/peerlimit"
+)
+
+// Each setting Validate checks, at its boundaries: refusals name the
+// Config field (cmd/regnode maps it to the flag) and wrap
+// node.ErrInvalidConfig; a nested component's keep its own sentinel too.
+func TestConfigValidateFields(t *testing.T) {
+	type C = node.Config
+	ok, bad := configtest.Accepts[C], configtest.Refuses[C]
+	configtest.Run(t, node.DefaultConfig, func(c C) error { return c.Validate() }, node.ErrInvalidConfig, []configtest.Case[C]{
+		bad("Listen not host:port", "Listen", func(c *C) { c.Listen = "nope" }),
+		ok("MetricsListen off", func(c *C) { c.MetricsListen = "off" }),
+		bad("MetricsListen junk", "MetricsListen", func(c *C) { c.MetricsListen = "x" }),
+		bad("EtcdEndpoints empty entry", "EtcdEndpoints", func(c *C) { c.EtcdEndpoints = []string{"http://127.0.0.1:2379", " "} }),
+		ok("SessionTTL 0 (default)", func(c *C) { c.SessionTTL = 0 }),
+		ok("SessionTTL 2s", func(c *C) { c.SessionTTL = 2 * time.Second }),
+		bad("SessionTTL below 2s", "SessionTTL", func(c *C) { c.SessionTTL = 2*time.Second - 1 }),
+		ok("SessionTTL 1m", func(c *C) { c.SessionTTL = time.Minute }),
+		bad("SessionTTL not whole seconds", "SessionTTL", func(c *C) { c.SessionTTL = 2500 * time.Millisecond }),
+		bad("SessionTTL above 1m", "SessionTTL", func(c *C) { c.SessionTTL = time.Minute + 1 }),
+		bad("Prefix relative", "Prefix", func(c *C) { c.Prefix = "relative/" }),
+		ok("ProbeInterval at the floor", func(c *C) { c.ProbeInterval = 100 * time.Millisecond }),
+		bad("ProbeInterval below the floor", "ProbeInterval", func(c *C) { c.ProbeInterval = 100*time.Millisecond - 1 }),
+		ok("ProbeTimeout 0 (default)", func(c *C) { c.ProbeTimeout = 0 }),
+		bad("ProbeTimeout -1ns", "ProbeTimeout", func(c *C) { c.ProbeTimeout = -1 }),
+		bad("ProbeConcurrency -1", "ProbeConcurrency", func(c *C) { c.ProbeConcurrency = -1 }),
+		ok("RingSize 0 (default)", func(c *C) { c.RingSize = 0 }),
+		bad("RingSize -1", "RingSize", func(c *C) { c.RingSize = -1 }),
+		bad("QueueSize -1", "QueueSize", func(c *C) { c.QueueSize = -1 }),
+		ok("ShutdownGrace 0 (default)", func(c *C) { c.ShutdownGrace = 0 }),
+		bad("ShutdownGrace -1ns", "ShutdownGrace", func(c *C) { c.ShutdownGrace = -1 }),
+		bad("Thresholds.Slow 0", "Thresholds.Slow", func(c *C) { c.Thresholds.Slow = 0 }),
+		ok("Thresholds.FailuresToDegraded 1", func(c *C) { c.Thresholds.FailuresToDegraded = 1 }),
+		bad("Thresholds.FailuresToDegraded 101", "Thresholds.FailuresToDegraded", func(c *C) { c.Thresholds.FailuresToDegraded = 101 }),
+		ok("Limits zero (default)", func(c *C) { c.Limits = peerlimit.Config{} }),
+		bad("Limits.WriteBurst 0", "Limits.WriteBurst", func(c *C) { c.Limits.WriteBurst = 0 }),
+		ok("MaxRequestBytes at its minimum", func(c *C) { c.MaxRequestBytes = node.MinRequestBytes }),
+		bad("MaxRequestBytes below its minimum", "MaxRequestBytes", func(c *C) { c.MaxRequestBytes = node.MinRequestBytes - 1 }),
+		ok("MaxResponseBytes at its minimum", func(c *C) { c.MaxResponseBytes = node.MinResponseBytes }),
+		bad("MaxResponseBytes below its minimum", "MaxResponseBytes", func(c *C) { c.MaxResponseBytes = node.MinResponseBytes - 1 }),
+		ok("OperatorDeregister none", func(c *C) { c.OperatorDeregister = "none" }),
+		bad("OperatorDeregister anyone", "OperatorDeregister", func(c *C) { c.OperatorDeregister = "anyone" }),
+		ok("Embed.ClusterState existing", func(c *C) { c.Embed.ClusterState = "existing" }),
+		bad("Embed.ClusterState maybe", "Embed.ClusterState", func(c *C) { c.Embed.ClusterState = "maybe" }),
+	})
+	c := node.DefaultConfig()
+	c.Limits.WriteBurst = 0
+	err := c.Validate()
+	if !errors.Is(err, peerlimit.ErrInvalidConfig) || err.Error() != "node: Config.Limits.WriteBurst must be at least 1, got 0" {
+		t.Errorf("Limits.WriteBurst 0: %v", err)
+	}
+}
