@@ -168,8 +168,10 @@ func New(cfg Config) (*Server, error) {
 
 // toStatus maps an error to the gRPC status a client branches on: the
 // field of an invalid input (in the message and as errdetails.BadRequest),
-// not found, already exists, or unavailable
-// (etcd could not answer; try again or another regnode).
+// not found, already exists, not the owner, a limit, out of space;
+// otherwise what etcd's answer means to the caller (etcdStatus):
+// unavailable when trying again or another regnode can help, internal
+// when this regnode asked something wrong or failed on its own.
 func toStatus(err error) error {
 	if err == nil {
 		return nil
@@ -197,10 +199,7 @@ func toStatus(err error) error {
 	case errors.Is(err, rpctypes.ErrNoLeader), errors.Is(err, rpctypes.ErrTimeout):
 		return status.Error(codes.Unavailable, err.Error())
 	}
-	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
-		return s.Err()
-	}
-	return status.Error(codes.Unavailable, err.Error())
+	return etcdStatus(err)
 }
 
 // limitedStatus is ResourceExhausted saying which limit, in its message
