@@ -834,7 +834,7 @@ func TestBadInput(t *testing.T) {
 
 	t.Run("bad weight", func(t *testing.T) {
 		mustFail(t, ctl("register", "--service", "web", "--id", "w-1", "--address", "127.0.0.1:8080", "--weight", "5000"),
-			2, "regctl: invalid weight: 5000 is outside 1..1000")
+			2, "regctl: --weight: invalid weight: 5000 is outside 1..1000")
 		if n := instanceKeys(t, rn, ""); n != 0 {
 			t.Errorf("%d instance keys in etcd after a refused register", n)
 		}
