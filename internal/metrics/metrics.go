@@ -63,7 +63,7 @@ func New() *Metrics {
 		JunkSkipped:        prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_junk_records_skipped_total", Help: "Records under the prefix that are not valid instances, skipped by readers."}),
 		LifecycleWrites:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_lifecycle_writes_total", Help: "Drain and undrain writes, by resulting lifecycle."}, []string{"lifecycle"}),
 		Deregistrations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_deregistrations_total", Help: "Instances deleted by Deregister."}),
-		Subscribers:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_subscribers", Help: "Watch subscribers served by this regnode."}),
+		Subscribers:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_subscribers", Help: "Subscriptions served by this regnode: each Watch stream, and each service followed on a Subscribe stream."}),
 		ResetsSent:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_resets_sent_total", Help: "Reset snapshots sent to subscribers, by reason (ring, slow-subscriber, etcd-relist, new-epoch)."}, []string{"reason"}),
 		WatchRestarts:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_etcd_watch_restarts_total", Help: "Times this regnode's etcd watch was re-established, by reason."}, []string{"reason"}),
 		StaleBatches:       prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_stale_batches_total", Help: "Batches refused by a cache because they were older than it."}),
