@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"strings"
@@ -20,6 +21,9 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == childArg {
 		os.Exit(childMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	if len(os.Args) > 1 && os.Args[1] == scaleChildArg {
+		os.Exit(scaleChildMain(os.Args[2:], os.Stdin, os.Stdout))
 	}
 	os.Exit(m.Run())
 }
@@ -40,6 +44,10 @@ var tiny = map[string][]string{
 	// The default limits but a cap of 40 registrations: 120 Registers
 	// from the attacker are limited without thousands of etcd writes.
 	"flood": {"-flood-registers", "120", "-flood-conc", "8", "-flood-cap", "40", "-flood-calls", "20", "-flood-instances", "5"},
+	// Real regnode processes (built once by the scenario), subscribers in
+	// two child processes; bounded by its own deadline.
+	"scale": {"-scale-instances", "300", "-scale-subs", "30", "-scale-procs", "2", "-scale-changes", "10",
+		"-scale-rate", "50", "-scale-roll", "5,10", "-scale-wave", "3", "-scale-timeout", "4m"},
 }
 
 // fields are figures a scenario's JSON must hold, by path from the top
@@ -61,6 +69,16 @@ var fields = map[string][]field{
 		{"ratio/round_robin/N=2/ns_per_op", true},
 	},
 	"flood": floodFields(floodPeer, floodToken),
+	"scale": {
+		{"ours/N=300,S=30/rss_per_instance_kib", false}, {"baseline/etcd/N=300,S=30/rss_per_instance_kib", false},
+		{"ours/N=300,S=30/cold_start_serving_ms", true}, {"ours/N=300,S=30/cold_start_full_snapshot_ms", true},
+		{"baseline/etcd_get_decode/N=300,S=30/cold_start_full_snapshot_ms", true},
+		{"ours/N=300,S=30/rss_per_subscriber_kib", false}, {"baseline/etcd/N=300,S=30/rss_per_subscriber_kib", false},
+		{"ours/N=300,S=30/propagation_all_subscribers_ms/n", true}, {"baseline/etcd/N=300,S=30/propagation_all_subscribers_ms/n", true},
+		{"ratio/etcd/N=300,S=30/propagation_all_subscribers_ms/p99", true},
+		{"ours/roll M=5/bytes_per_event", true}, {"ours/roll M=10/bytes_per_event", true},
+		{"ours/kill rn3/moved_and_converged_ms/n", true},
+	},
 	"failover": {
 		{"ours/B=2/calls", true}, {"ours/B=2/failed_calls", false}, {"ours/B=2/success_ratio", true},
 		{"baseline/rr_registry/B=2/calls", true}, {"baseline/rr_registry/B=2/failed_calls", false},
@@ -139,6 +157,30 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 				t.Errorf("flood %s: %v idle Lists measured, want all 20", mode, idle)
 			}
 		}
+	}
+	if scenario == "scale" {
+		// Counts: every change reached every subscriber as one event, and
+		// nothing else did (no reset snapshot); every subscriber of the
+		// killed regnode moved, every subscriber converged, none went back.
+		for _, M := range []float64{5, 10} {
+			c := fmt.Sprintf("ours/roll M=%v/", M)
+			written, _ := at(obj, c+"changes_written")
+			events, _ := at(obj, c+"events_delivered")
+			snaps, ok := at(obj, c+"snapshots_received")
+			if written != 2*M || events != 30*written || !ok || snaps != 0 {
+				t.Errorf("scale roll M=%v: %v changes written, %v events delivered, %v snapshots (present %v); want %v, 30 × %v, 0",
+					M, written, events, snaps, ok, 2*M, 2*M)
+			}
+		}
+		moved, _ := at(obj, "ours/kill rn3/subscribers_moved")
+		n, _ := at(obj, "ours/kill rn3/moved_and_converged_ms/n")
+		conv, _ := at(obj, "ours/kill rn3/converged")
+		regress, ok := at(obj, "ours/kill rn3/revision_regressions")
+		if moved < 1 || n != moved || conv != 30 || !ok || regress != 0 {
+			t.Errorf("scale kill: %v subscribers on the killed regnode, %v moved, %v of 30 converged, %v regressions (present %v)",
+				moved, n, conv, regress, ok)
+		}
+		return
 	}
 	if scenario != "failover" {
 		return
