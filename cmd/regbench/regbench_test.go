@@ -159,17 +159,19 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 		}
 	}
 	if scenario == "scale" {
-		// Counts: every change reached every subscriber as one event, and
-		// nothing else did (no reset snapshot); every subscriber of the
-		// killed regnode moved, every subscriber converged, none went back.
+		// Counts: every restarted instance reached every subscriber as
+		// one or two events (a delete and a register in one batch are one
+		// update), and nothing else did (no reset snapshot); every
+		// subscriber of the killed regnode moved, every subscriber
+		// converged, none went back.
 		for _, M := range []float64{5, 10} {
 			c := fmt.Sprintf("ours/roll M=%v/", M)
 			written, _ := at(obj, c+"changes_written")
 			events, _ := at(obj, c+"events_delivered")
 			snaps, ok := at(obj, c+"snapshots_received")
-			if written != 2*M || events != 30*written || !ok || snaps != 0 {
-				t.Errorf("scale roll M=%v: %v changes written, %v events delivered, %v snapshots (present %v); want %v, 30 × %v, 0",
-					M, written, events, snaps, ok, 2*M, 2*M)
+			if written != 2*M || events < 30*M || events > 30*written || !ok || snaps != 0 {
+				t.Errorf("scale roll M=%v: %v changes written, %v events delivered, %v snapshots (present %v); want %v, 30×%v..30×%v, 0",
+					M, written, events, snaps, ok, 2*M, M, 2*M)
 			}
 		}
 		moved, _ := at(obj, "ours/kill rn3/subscribers_moved")

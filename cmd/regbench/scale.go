@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/client"
@@ -139,7 +141,10 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 	if err != nil {
 		return r, err
 	}
-	coldC, err := regClient(e, rn3.api)
+	var coldC *client.Client
+	labeled(sideClient, func() {
+		coldC, err = client.New(client.Config{Endpoints: []string{rn3.api}, Logger: e.log, DialOptions: []grpc.DialOption{fastReconnect}})
+	})
 	if err != nil {
 		return r, err
 	}
@@ -432,6 +437,30 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 
 	// ---- a regnode SIGKILLed: its subscribers move.
 	victim := nodes[2]
+	where := map[string]int{}
+	for _, p := range procs {
+		f, err := p.ask("where")
+		if err != nil {
+			return r, err
+		}
+		for _, kv := range f {
+			a, n, _ := strings.Cut(kv, "=")
+			k, _ := strconv.Atoi(n)
+			for _, nd := range nodes {
+				if nd.api == a {
+					a = nd.name
+				}
+			}
+			where[a] += k
+		}
+	}
+	spread = spread[:0]
+	for _, nd := range nodes {
+		spread = append(spread, fmt.Sprintf("%s=%d", nd.name, where[nd.name]))
+	}
+	if k := where["none"]; k > 0 {
+		spread = append(spread, fmt.Sprintf("none=%d", k))
+	}
 	marks, err := ask("mark " + victim.api)
 	if err != nil {
 		return r, err
@@ -479,6 +508,7 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 	}
 	regressions = max(regressions, sum(st, 4))
 	kc := fmt.Sprintf("kill %s", victim.name)
+	r.ours(kc, "streams_by_regnode_before", strings.Join(spread, " "))
 	r.ours(kc, "subscribers_moved", marked)
 	r.ours(kc, "moved_and_converged_ms", summarize(moves))
 	r.ours(kc, "converged", sum(mv, 1))
@@ -504,16 +534,23 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 		r.target(fmt.Sprintf("rolling restart O(changes): bytes per event at M=%d / at M=%d", cfg.scaleRoll[len(cfg.scaleRoll)-1], cfg.scaleRoll[0]),
 			"<= 1.25", fmt.Sprintf("%.3f", q), q <= 1.25)
 	}
+	var worst float64
+	for _, M := range cfg.scaleRoll {
+		v, _ := lookup(r.Ours, fmt.Sprintf("roll M=%d", M), "events_per_subscriber_per_change").(float64)
+		worst = max(worst, v)
+	}
+	r.target("rolling restart: events delivered per subscriber per change written (a delete and a register in one batch arrive as one update)", "<= 1.0",
+		fmt.Sprintf("%.3f (worst size)", worst), worst <= 1.0)
 	r.target("subscribers whose revision went back", "0", fmt.Sprint(regressions), regressions == 0)
 	r.target("subscribers of the killed regnode moved and converged", fmt.Sprint(marked), fmt.Sprintf("%d (all %d at the revision after the kill)", len(moves), sum(mv, 1)), int64(len(moves)) == marked && marked > 0)
 
 	r.note("regnodes: the cmd/regnode binary (built with go build unless -regnode-bin), three processes with --etcd-endpoints on one etcd embedded in this process (fsync off), no per-peer limits (every client is one loopback peer); one external etcd rather than three embedded members so that a regnode's RSS is the regnode alone and the kill takes a regnode, not an etcd member")
 	r.note("rss_per_instance: VmRSS growth of rn1 and rn2 (median) from an empty registry to %d instances (services of %d, written straight into etcd 128 per txn), each read after 1s idle without forcing a GC in the regnode; etcd: this process's RSS growth over the same writes (after GC)", N, catalogSize)
-	r.note("cold start: exec of rn3 → SERVING health, and → a Subscribe of every service through it (5–20ms retry backoff) holding all %d instances; snapshot_after_serving is the second minus the first; etcd_get_decode: a paginated Get (1000 a page, one revision) of the whole prefix, decoding every record", total)
-	r.note("subscribers: %d SDK clients in %d processes, each client.New of all three regnodes (its picker puts its Subscribe stream on any) subscribing to %q (%d instances); rss_per_subscriber: the three regnodes' VmRSS growth / S (each client also holds an idle connection to the two other regnodes); etcd: %d clientv3 clients with one watcher each in one process, this process's RSS growth / S", S, P, scaleWatched, watchedBase, S)
+	r.note("cold start: exec of rn3 → SERVING health, and → a Subscribe of every service through it (5–20ms retry and reconnect backoff, not grpc's 1s) holding all %d instances; snapshot_after_serving is the second minus the first; etcd_get_decode: a paginated Get (1000 a page, one revision) of the whole prefix, decoding every record", total)
+	r.note("subscribers: %d SDK clients in %d processes, each client.New of all three regnodes, client i listing them from the (i mod 3)-th (its picker puts its Subscribe stream on the first connection ready; with one list for all, most streams landed on one regnode), subscribing to %q (%d instances); rss_per_subscriber: the three regnodes' VmRSS growth / S (each client also holds an idle connection to the two other regnodes); etcd: %d clientv3 clients with one watcher each in one process, this process's RSS growth / S", S, P, scaleWatched, watchedBase, S)
 	r.note("propagation: %d changes at %.0f/s, Register then Deregister of one instance through rn1's API (ours) or Put then Delete of the same records straight into etcd (baseline), from the call's return to the moment the slowest subscriber of every process had the revision (each process polls its subscribers every 1ms)", cfg.scaleChanges, cfg.scaleRate)
 	r.note("rolling restart: every instance of a service of M registered through the three regnodes (raw API, 30min leases) is deregistered and registered again, %d at a time; every subscriber subscribes to the service first; counted over all subscribers from their views' callbacks (changes, instance events, snapshots) and their Subscribe streams' gRPC wire bytes; resets_sent: the regnodes' registry_resets_sent_total over the roll", cfg.scaleWave)
-	r.note("kill: SIGKILL of rn3, then one Register through rn1 at revision R; moved_and_converged: kill → the moment each subscriber whose Subscribe stream was on rn3 has a stream on another regnode (its gRPC OutHeader's remote address) and its view at R or past (polled every 1ms in its process); revision_regressions: callbacks whose revision was below one already seen, over every subscription of the run")
+	r.note("kill: SIGKILL of rn3, then one Register through rn1 at revision R; moved_and_converged: kill → the moment each subscriber whose Subscribe stream was on rn3 has a stream on another regnode (its gRPC OutHeader's remote address) and its view at R or past (polled every 1ms in its process); revision_regressions: callbacks whose revision was below one already seen, over every subscription of the run; streams_by_regnode_before: the regnode each client's Subscribe stream was on just before the kill (subscribers_by_regnode: the regnodes' registry_subscribers gauges right after subscribing)")
 	return r, nil
 }
 

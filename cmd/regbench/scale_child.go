@@ -166,11 +166,15 @@ func runScaleChild(args []string, stdin io.Reader, stdout io.Writer) error {
 		}
 	})
 	rss0 := settledRSS()
-	for range K {
+	for i := range K {
 		tap := &streamTap{}
 		var c *client.Client
+		// Client i lists the regnodes starting at the i-th: with the
+		// same list for all, most first streams land on one regnode
+		// (the first connection ready takes the first pick).
+		rot := append(append([]string(nil), eps[i%len(eps):]...), eps[:i%len(eps)]...)
 		labeled(sideClient, func() {
-			c, err = client.New(client.Config{Endpoints: eps, Logger: e.log, DialOptions: []grpc.DialOption{grpc.WithStatsHandler(tap)}})
+			c, err = client.New(client.Config{Endpoints: rot, Logger: e.log, DialOptions: []grpc.DialOption{grpc.WithStatsHandler(tap)}})
 		})
 		if err != nil {
 			return err

@@ -16,11 +16,18 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
+
+// fastReconnect is the dial option of the connections that wait for a
+// regnode starting up: grpc's default reconnect backoff (1s, growing)
+// after the first refused dial would be measured as the regnode's start.
+var fastReconnect = grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+	BaseDelay: 5 * time.Millisecond, Multiplier: 1.2, Jitter: 0.1, MaxDelay: 20 * time.Millisecond}, MinConnectTimeout: time.Second})
 
 // buildRegnode builds cmd/regnode into dir and returns the binary's path.
 func buildRegnode(ctx context.Context, dir string) (string, error) {
@@ -86,7 +93,7 @@ func startRegnodeProc(bin, name, etcdURL, dir string) (*regnodeProc, error) {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	cc, err := grpc.NewClient(p.api, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(p.api, grpc.WithTransportCredentials(insecure.NewCredentials()), fastReconnect)
 	if err != nil {
 		p.kill()
 		return nil, err
