@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +182,25 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 		if moved < 1 || n != moved || conv != 30 || !ok || regress != 0 {
 			t.Errorf("scale kill: %v subscribers on the killed regnode, %v moved, %v of 30 converged, %v regressions (present %v)",
 				moved, n, conv, regress, ok)
+		}
+		// The subscribers followed are those whose stream was on the
+		// killed regnode, and every client's stream was somewhere.
+		kill, _ := obj["ours"].(map[string]any)["kill rn3"].(map[string]any)
+		before, _ := kill["streams_by_regnode_before"].(string)
+		var total, onVictim float64
+		for _, kv := range strings.Fields(before) {
+			name, v, _ := strings.Cut(kv, "=")
+			k, err := strconv.Atoi(v)
+			if err != nil || name == "none" {
+				t.Errorf("scale kill: streams before the kill %q", before)
+			}
+			total += float64(k)
+			if name == "rn3" {
+				onVictim = float64(k)
+			}
+		}
+		if total != 30 || onVictim != moved {
+			t.Errorf("scale kill: streams before the kill %q, %v followed as the killed regnode's", before, moved)
 		}
 		return
 	}
