@@ -392,13 +392,29 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 		}
 		resets0 := resets()
 		e.progress.set("%s: rolling restart, waves of %d", rc, cfg.scaleWave)
+		cpu0 := cpuOf(nodes, procs)
+		var (
+			callMu sync.Mutex
+			calls  []time.Duration
+		)
+		timed := func(f func() (int64, error)) (int64, error) {
+			t := time.Now()
+			rev, err := f()
+			callMu.Lock()
+			calls = append(calls, time.Since(t))
+			callMu.Unlock()
+			return rev, err
+		}
 		t0 := time.Now()
 		last, err := inWaves(M, cfg.scaleWave, func(k int) (int64, error) {
 			g := regs[k]
-			if _, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: g.in.Id, LeaseId: g.lease, Secret: g.secret}); err != nil {
+			if _, err := timed(func() (int64, error) {
+				resp, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: g.in.Id, LeaseId: g.lease, Secret: g.secret})
+				return resp.GetRevision(), err
+			}); err != nil {
 				return 0, fmt.Errorf("deregister %s/%s: %w", service, g.in.Id, err)
 			}
-			return register(k)
+			return timed(func() (int64, error) { return register(k) })
 		})
 		if err != nil {
 			return r, err
@@ -415,6 +431,7 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 			return r, fmt.Errorf("%s: not every subscriber reached revision %d: %w", rc, last, err)
 		}
 		delivered := time.Since(t0)
+		cpu1 := cpuOf(nodes, procs)
 		changes, events := sum(st1, 0)-sum(st0, 0), sum(st1, 1)-sum(st0, 1)
 		snaps, bytes := sum(st1, 2)-sum(st0, 2), sum(st1, 3)-sum(st0, 3)
 		regressions = max(regressions, sum(st1, 4))
@@ -429,6 +446,10 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 		r.ours(rc, "resets_sent", int64(resets()-resets0))
 		r.ours(rc, "roll_ms", ms(rolled))
 		r.ours(rc, "all_delivered_ms", ms(delivered))
+		r.ours(rc, "call_ms", summarize(calls))
+		for _, k := range []string{"etcd+parent", "regnodes", "subscriber_processes"} {
+			r.ours(rc, "cpu_s_"+k, round3((cpu1[k] - cpu0[k]).Seconds()))
+		}
 		bytesPerEvent = append(bytesPerEvent, float64(bytes)/float64(max(events, 1)))
 		if _, err := ask("unsub " + service); err != nil {
 			return r, err
@@ -549,9 +570,26 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 	r.note("cold start: exec of rn3 → SERVING health, and → a Subscribe of every service through it (5–20ms retry and reconnect backoff, not grpc's 1s) holding all %d instances; snapshot_after_serving is the second minus the first; etcd_get_decode: a paginated Get (1000 a page, one revision) of the whole prefix, decoding every record", total)
 	r.note("subscribers: %d SDK clients in %d processes, each client.New of all three regnodes, client i listing them from the (i mod 3)-th (its picker puts its Subscribe stream on the first connection ready; with one list for all, most streams landed on one regnode), subscribing to %q (%d instances); rss_per_subscriber: the three regnodes' VmRSS growth / S (each client also holds an idle connection to the two other regnodes); etcd: %d clientv3 clients with one watcher each in one process, this process's RSS growth / S", S, P, scaleWatched, watchedBase, S)
 	r.note("propagation: %d changes at %.0f/s, Register then Deregister of one instance through rn1's API (ours) or Put then Delete of the same records straight into etcd (baseline), from the call's return to the moment the slowest subscriber of every process had the revision (each process polls its subscribers every 1ms)", cfg.scaleChanges, cfg.scaleRate)
-	r.note("rolling restart: every instance of a service of M registered through the three regnodes (raw API, 30min leases) is deregistered and registered again, %d at a time; every subscriber subscribes to the service first; counted over all subscribers from their views' callbacks (changes, instance events, snapshots) and their Subscribe streams' gRPC wire bytes; resets_sent: the regnodes' registry_resets_sent_total over the roll", cfg.scaleWave)
+	r.note("rolling restart: every instance of a service of M registered through the three regnodes (raw API, 30min leases) is deregistered and registered again, %d at a time; every subscriber subscribes to the service first; counted over all subscribers from their views' callbacks (changes, instance events, snapshots) and their Subscribe streams' gRPC wire bytes; resets_sent: the regnodes' registry_resets_sent_total over the roll; call_ms: each Deregister and Register call; cpu_s: CPU seconds over the roll until every subscriber had it, of this process (etcd, writer), the three regnodes and the subscriber processes (/proc/PID/stat)", cfg.scaleWave)
 	r.note("kill: SIGKILL of rn3, then one Register through rn1 at revision R; moved_and_converged: kill → the moment each subscriber whose Subscribe stream was on rn3 has a stream on another regnode (its gRPC OutHeader's remote address) and its view at R or past (polled every 1ms in its process); revision_regressions: callbacks whose revision was below one already seen, over every subscription of the run; streams_by_regnode_before: the regnode each client's Subscribe stream was on just before the kill (subscribers_by_regnode: the regnodes' registry_subscribers gauges right after subscribing)")
 	return r, nil
+}
+
+// cpuOf is the CPU time so far of this process (etcd, the writer), of
+// the regnodes still running and of the subscriber processes.
+func cpuOf(nodes []*regnodeProc, procs []*scaleProc) map[string]time.Duration {
+	out := map[string]time.Duration{"etcd+parent": cpuTime()}
+	for _, p := range nodes {
+		select {
+		case <-p.done:
+		default:
+			out["regnodes"] += procCPU(p.cmd.Process.Pid)
+		}
+	}
+	for _, p := range procs {
+		out["subscriber_processes"] += procCPU(p.cmd.Process.Pid)
+	}
+	return out
 }
 
 // scalePropagate writes cfg.scaleChanges changes at cfg.scaleRate with

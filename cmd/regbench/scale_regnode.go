@@ -159,6 +159,27 @@ func (p *regnodeProc) rss() int64 {
 	return -1
 }
 
+// procCPU is a process's user+system CPU time so far, from
+// /proc/PID/stat (in clock ticks of 1/100s, as Linux reports them).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	rest := string(b[bytes.LastIndexByte(b, ')')+1:])
+	f := strings.Fields(rest) // f[0] is field 3 (state)
+	if len(f) < 13 {
+		return -1
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
 // metric sums the samples of a metric family from the regnode's /metrics
 // (-1 if it cannot be read).
 func (p *regnodeProc) metric(ctx context.Context, name string) float64 {
