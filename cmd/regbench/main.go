@@ -306,6 +306,19 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 			return "", nil, fmt.Errorf("-flood-modes: unknown mode %q", m)
 		}
 	}
+	for _, v := range []struct {
+		flag string
+		n    int
+	}{{"scale-instances", c.scaleN}, {"scale-subs", c.scaleS}, {"scale-procs", c.scaleProcs}, {"scale-changes", c.scaleChanges}, {"scale-wave", c.scaleWave}} {
+		if v.n < 1 {
+			usage(stderr, fs)
+			return "", nil, fmt.Errorf("-%s: %d is not a positive integer", v.flag, v.n)
+		}
+	}
+	if c.scaleRate <= 0 {
+		usage(stderr, fs)
+		return "", nil, fmt.Errorf("-scale-rate: %g is not positive", c.scaleRate)
+	}
 	if name != "all" && find(name) == nil {
 		usage(stderr, fs)
 		return "", nil, fmt.Errorf("unknown scenario %q", name)

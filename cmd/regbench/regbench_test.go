@@ -264,7 +264,8 @@ func TestScenariosJSON(t *testing.T) {
 }
 
 func TestUsage(t *testing.T) {
-	for _, args := range [][]string{nil, {"nope"}, {"register", "extra"}, {"register", "-no-such-flag"}} {
+	for _, args := range [][]string{nil, {"nope"}, {"register", "extra"}, {"register", "-no-such-flag"},
+		{"scale", "-scale-procs", "0"}, {"scale", "-scale-rate", "-1"}} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), args, &out, &errb); code != 2 {
 			t.Errorf("regbench %q: exit %d, want 2", args, code)
