@@ -224,10 +224,14 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 				}
 				return commit{resp.Header.Revision, time.Now()}, nil
 			}
-			return scalePropagate(ctx, e, "etcd watchers", write, func() ([]*observer, error) {
+			lat, err := scalePropagate(ctx, e, "etcd watchers", write, func() ([]*observer, error) {
 				o, err := proc.sightings()
 				return []*observer{o}, err
 			})
+			if err != nil {
+				return lat, err
+			}
+			return lat, scaleRollBaseline(ctx, e, r, cli, proc)
 		}()
 		if err != nil {
 			return r, fmt.Errorf("baseline: %w", err)
@@ -447,9 +451,12 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 		r.ours(rc, "roll_ms", ms(rolled))
 		r.ours(rc, "all_delivered_ms", ms(delivered))
 		r.ours(rc, "call_ms", summarize(calls))
-		for _, k := range []string{"etcd+parent", "regnodes", "subscriber_processes"} {
-			r.ours(rc, "cpu_s_"+k, round3((cpu1[k] - cpu0[k]).Seconds()))
-		}
+		deliveries := float64(S) * float64(written)
+		r.ours(rc, "cpu_s_etcd", round3((cpu1["etcd"] - cpu0["etcd"]).Seconds()))
+		r.ours(rc, "cpu_s_server", round3((cpu1["server"] - cpu0["server"]).Seconds()))
+		r.ours(rc, "cpu_s_subscribers", round3((cpu1["subscribers"] - cpu0["subscribers"]).Seconds()))
+		r.ours(rc, "server_cpu_us_per_delivery", round3(float64(cpu1["server"]-cpu0["server"])/1e3/deliveries))
+		r.ours(rc, "subscriber_cpu_us_per_delivery", round3(float64(cpu1["subscribers"]-cpu0["subscribers"])/1e3/deliveries))
 		bytesPerEvent = append(bytesPerEvent, float64(bytes)/float64(max(events, 1)))
 		if _, err := ask("unsub " + service); err != nil {
 			return r, err
@@ -570,24 +577,116 @@ func runScale(ctx context.Context, e *env) (*Result, error) {
 	r.note("cold start: exec of rn3 → SERVING health, and → a Subscribe of every service through it (5–20ms retry and reconnect backoff, not grpc's 1s) holding all %d instances; snapshot_after_serving is the second minus the first; etcd_get_decode: a paginated Get (1000 a page, one revision) of the whole prefix, decoding every record", total)
 	r.note("subscribers: %d SDK clients in %d processes, each client.New of all three regnodes, client i listing them from the (i mod 3)-th (its picker puts its Subscribe stream on the first connection ready; with one list for all, most streams landed on one regnode), subscribing to %q (%d instances); rss_per_subscriber: the three regnodes' VmRSS growth / S (each client also holds an idle connection to the two other regnodes); etcd: %d clientv3 clients with one watcher each in one process, this process's RSS growth / S", S, P, scaleWatched, watchedBase, S)
 	r.note("propagation: %d changes at %.0f/s, Register then Deregister of one instance through rn1's API (ours) or Put then Delete of the same records straight into etcd (baseline), from the call's return to the moment the slowest subscriber of every process had the revision (each process polls its subscribers every 1ms)", cfg.scaleChanges, cfg.scaleRate)
-	r.note("rolling restart: every instance of a service of M registered through the three regnodes (raw API, 30min leases) is deregistered and registered again, %d at a time; every subscriber subscribes to the service first; counted over all subscribers from their views' callbacks (changes, instance events, snapshots) and their Subscribe streams' gRPC wire bytes; resets_sent: the regnodes' registry_resets_sent_total over the roll; call_ms: each Deregister and Register call; cpu_s: CPU seconds over the roll until every subscriber had it, of this process (etcd, writer), the three regnodes and the subscriber processes (/proc/PID/stat)", cfg.scaleWave)
+	r.note("rolling restart: every instance of a service of M registered through the three regnodes (raw API, 30min leases) is deregistered and registered again, %d at a time; every subscriber subscribes to the service first; counted over all subscribers from their views' callbacks (changes, instance events, snapshots) and their Subscribe streams' gRPC wire bytes; resets_sent: the regnodes' registry_resets_sent_total over the roll; call_ms: each Deregister and Register call; cpu_s: CPU seconds over the roll until every subscriber had it (/proc/PID/stat, getrusage), of this process (etcd, writer: cpu_s_etcd), the three regnodes (cpu_s_server) and the subscriber processes; *_cpu_us_per_delivery: that over S × changes written. Baseline etcd: the same Deletes and Puts straight into etcd, in the same waves, of records in the service the S raw watchers follow; its server is this process (etcd and the writer)", cfg.scaleWave)
 	r.note("kill: SIGKILL of rn3, then one Register through rn1 at revision R; moved_and_converged: kill → the moment each subscriber whose Subscribe stream was on rn3 has a stream on another regnode (its gRPC OutHeader's remote address) and its view at R or past (polled every 1ms in its process); revision_regressions: callbacks whose revision was below one already seen, over every subscription of the run; streams_by_regnode_before: the regnode each client's Subscribe stream was on just before the kill (subscribers_by_regnode: the regnodes' registry_subscribers gauges right after subscribing)")
 	return r, nil
+}
+
+// scaleRollBaseline: the rolling restarts of ours, as raw etcd Deletes and
+// Puts of the same records in waves, followed by the S raw watchers of
+// proc (the instances added to the service they watch).
+func scaleRollBaseline(ctx context.Context, e *env, r *Result, cli *clientv3.Client, proc *subscriberProc) error {
+	cfg := e.cfg
+	dkeys := record.NewKeys(directPrefix)
+	var (
+		callMu sync.Mutex
+		calls  []time.Duration
+	)
+	timed := func(f func() (int64, error)) (int64, error) {
+		t := time.Now()
+		rev, err := f()
+		callMu.Lock()
+		calls = append(calls, time.Since(t))
+		callMu.Unlock()
+		return rev, err
+	}
+	for _, M := range cfg.scaleRoll {
+		rc := fmt.Sprintf("roll M=%d", M)
+		e.progress.set("baseline %s: etcd Delete and Put in waves of %d", rc, cfg.scaleWave)
+		key := func(k int) string { return dkeys.Instance(scaleWatched, fmt.Sprintf("r%d-%d", M, k)) }
+		put := func(k int) (int64, error) {
+			in := instanceN(scaleWatched, k)
+			in.Id = fmt.Sprintf("r%d-%d", M, k)
+			v, err := record.Encode(in)
+			if err != nil {
+				return 0, err
+			}
+			resp, err := cli.Put(ctx, key(k), string(v))
+			if err != nil {
+				return 0, err
+			}
+			return resp.Header.Revision, nil
+		}
+		if _, err := inWaves(M, cfg.scaleWave, put); err != nil {
+			return err
+		}
+		child0, err := proc.cpu()
+		if err != nil {
+			return err
+		}
+		cpu0 := cpuTime()
+		calls = calls[:0]
+		t0 := time.Now()
+		last, err := inWaves(M, cfg.scaleWave, func(k int) (int64, error) {
+			if _, err := timed(func() (int64, error) {
+				resp, err := cli.Delete(ctx, key(k))
+				if err != nil {
+					return 0, err
+				}
+				return resp.Header.Revision, nil
+			}); err != nil {
+				return 0, err
+			}
+			return timed(func() (int64, error) { return put(k) })
+		})
+		if err != nil {
+			return err
+		}
+		rolled := time.Since(t0)
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err = waitFor(wctx, 50*time.Millisecond, func() bool {
+			o, err2 := proc.sightings()
+			if err2 != nil {
+				err = err2
+				return true
+			}
+			return o.reached(last)
+		})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: not every etcd watcher reached revision %d: %w", rc, last, err)
+		}
+		delivered := time.Since(t0)
+		cpu1 := cpuTime()
+		child1, err := proc.cpu()
+		if err != nil {
+			return err
+		}
+		deliveries := float64(cfg.scaleS) * float64(2*M)
+		r.base("etcd", rc, "roll_ms", ms(rolled))
+		r.base("etcd", rc, "all_delivered_ms", ms(delivered))
+		r.base("etcd", rc, "call_ms", summarize(calls))
+		r.base("etcd", rc, "cpu_s_server", round3((cpu1 - cpu0).Seconds()))
+		r.base("etcd", rc, "cpu_s_subscribers", round3((child1 - child0).Seconds()))
+		r.base("etcd", rc, "server_cpu_us_per_delivery", round3(float64(cpu1-cpu0)/1e3/deliveries))
+		r.base("etcd", rc, "subscriber_cpu_us_per_delivery", round3(float64(child1-child0)/1e3/deliveries))
+	}
+	return nil
 }
 
 // cpuOf is the CPU time so far of this process (etcd, the writer), of
 // the regnodes still running and of the subscriber processes.
 func cpuOf(nodes []*regnodeProc, procs []*scaleProc) map[string]time.Duration {
-	out := map[string]time.Duration{"etcd+parent": cpuTime()}
+	out := map[string]time.Duration{"etcd": cpuTime()}
 	for _, p := range nodes {
 		select {
 		case <-p.done:
 		default:
-			out["regnodes"] += procCPU(p.cmd.Process.Pid)
+			out["server"] += procCPU(p.cmd.Process.Pid)
 		}
 	}
 	for _, p := range procs {
-		out["subscriber_processes"] += procCPU(p.cmd.Process.Pid)
+		out["subscribers"] += procCPU(p.cmd.Process.Pid)
 	}
 	return out
 }
