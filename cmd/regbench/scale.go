@@ -40,6 +40,15 @@ const (
 // subscribers receive per change); a regnode SIGKILLed and its
 // subscribers moved.
 func runScale(ctx context.Context, e *env) (*Result, error) {
+	r, err := scale(ctx, e)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		// A child killed or a call cut short by the deadline: say so.
+		err = fmt.Errorf("%w: %v", ctx.Err(), err)
+	}
+	return r, err
+}
+
+func scale(ctx context.Context, e *env) (*Result, error) {
 	cfg := e.cfg
 	N, S, P := cfg.scaleN, cfg.scaleS, min(cfg.scaleProcs, cfg.scaleS)
 	r := newResult("scale", fmt.Sprintf("%d instances, %d subscribers (SDK clients in %d processes) over 3 regnode processes on one etcd: cold start, memory, propagation vs %d raw etcd watchers, rolling restarts, a regnode SIGKILLed", N, S, P, S))
