@@ -40,15 +40,29 @@ const (
 // subscribers receive per change); a regnode SIGKILLed and its
 // subscribers moved.
 func runScale(ctx context.Context, e *env) (*Result, error) {
-	r, err := scale(ctx, e)
+	var nodes []*regnodeProc
+	r, err := scale(ctx, e, &nodes)
 	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 		// A child killed or a call cut short by the deadline: say so.
 		err = fmt.Errorf("%w: %v", ctx.Err(), err)
 	}
+	if err != nil {
+		// A regnode that exited by itself (not the one the scenario
+		// killed) is most likely why: its last words.
+		for _, p := range nodes {
+			select {
+			case <-p.done:
+				if !p.killed.Load() {
+					err = fmt.Errorf("%w\n%s exited by itself (%v); its stderr ends:\n%s", err, p.name, p.cmd.ProcessState, p.tail())
+				}
+			default:
+			}
+		}
+	}
 	return r, err
 }
 
-func scale(ctx context.Context, e *env) (*Result, error) {
+func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error) {
 	cfg := e.cfg
 	N, S, P := cfg.scaleN, cfg.scaleS, min(cfg.scaleProcs, cfg.scaleS)
 	r := newResult("scale", fmt.Sprintf("%d instances, %d subscribers (SDK clients in %d processes) over 3 regnode processes on one etcd: cold start, memory, propagation vs %d raw etcd watchers, rolling restarts, a regnode SIGKILLed", N, S, P, S))
@@ -98,6 +112,7 @@ func scale(ctx context.Context, e *env) (*Result, error) {
 			return nil, err
 		}
 		nodes = append(nodes, p)
+		*started = nodes
 		return p, nil
 	}
 

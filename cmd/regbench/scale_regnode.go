@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,6 +48,7 @@ type regnodeProc struct {
 	cc                 *grpc.ClientConn
 	reg                registryv1.RegistryClient
 
+	killed atomic.Bool // by kill, not by itself
 	mu     sync.Mutex
 	stderr bytes.Buffer
 	done   chan struct{}
@@ -213,6 +215,7 @@ func (p *regnodeProc) kill() {
 	select {
 	case <-p.done:
 	default:
+		p.killed.Store(true)
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.done
 	}
