@@ -37,8 +37,10 @@ test:
 ## pick of our balancer against grpc's round_robin; then every regbench
 ## scenario in its short form, flood included (a caller's List latency while
 ## another floods Registers, against idle; told apart by peer address, then
-## with --auth by token alone); table on stderr, JSON lines in
-## bench.json
+## with --auth by token alone) and scale (three regnode processes, 10,000
+## instances, 1,000 subscribers in child processes; the full 100,000 /
+## 10,000 by hand: go run ./cmd/regbench scale); table on stderr, JSON
+## lines in bench.json
 bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./internal/server/
 	go test -run '^$$' -bench Pick -benchtime 200000x -count 1 ./balance/

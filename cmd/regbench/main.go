@@ -6,7 +6,7 @@
 // that matter are ratios that hold on a noisy machine.
 //
 //	regbench SCENARIO [flags]       SCENARIO: register, propagate, compaction,
-//	                                failover, fanout, resync, pick, flood, or all
+//	                                failover, fanout, resync, pick, flood, scale, or all
 //
 // It starts everything it needs itself (embedded etcd, regnodes via
 // node.Start, gRPC backends, subscribers; all on loopback), prints a
@@ -59,6 +59,7 @@ var scenarios = []scenario{
 	{"resync", runResync},
 	{"pick", runPick},
 	{"flood", runFlood},
+	{"scale", runScale},
 }
 
 // intList is a flag of comma-separated integers.
@@ -126,11 +127,20 @@ type config struct {
 
 	floodN, floodConc, floodCalls, floodInstances, floodCap, floodInFlight int
 	floodModes                                                             []string
+
+	scaleN, scaleS, scaleProcs, scaleChanges, scaleWave int
+	scaleRate                                           float64
+	scaleRoll                                           intList
+	scaleTimeout                                        time.Duration
+	regnodeBin                                          string
 }
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == childArg {
 		os.Exit(childMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	if len(os.Args) > 1 && os.Args[1] == scaleChildArg {
+		os.Exit(scaleChildMain(os.Args[2:], os.Stdin, os.Stdout))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -151,7 +161,7 @@ func usage(w io.Writer, fs *flag.FlagSet) {
 // parse reads the command line; -short changes the defaults of every
 // flag not given explicitly.
 func parse(args []string, stderr io.Writer) (string, *config, error) {
-	c := &config{regConc: intList{1, 32}, propSubs: intList{1, 100, 1000}, pickN: intList{3, 10, 100}}
+	c := &config{regConc: intList{1, 32}, propSubs: intList{1, 100, 1000}, pickN: intList{3, 10, 100}, scaleRoll: intList{100, 200}}
 	fs := flag.NewFlagSet("regbench", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.BoolVar(&c.short, "short", false, "a short form of every scenario (what make bench runs)")
@@ -208,6 +218,16 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	modes := fs.String("flood-modes", floodPeer+","+floodToken, "flood: modes to run, in order: "+floodPeer+
 		" (auth off, attacker and victim two peer addresses), "+floodToken+" (--auth, two tokens from one address)")
 
+	fs.IntVar(&c.scaleN, "scale-instances", 100000, "scale: instances in the registry")
+	fs.IntVar(&c.scaleS, "scale-subs", 10000, "scale: subscribers (each its own SDK client of the three regnodes)")
+	fs.IntVar(&c.scaleProcs, "scale-procs", 4, "scale: child processes the subscribers are spread over")
+	fs.IntVar(&c.scaleChanges, "scale-changes", 100, "scale: changes through one regnode (and, baseline, straight into etcd) for propagation")
+	fs.Float64Var(&c.scaleRate, "scale-rate", 10, "scale: changes per second for propagation")
+	fs.Var(&c.scaleRoll, "scale-roll", "scale: sizes of the services restarted (rolling), each instance deregistered and registered again")
+	fs.IntVar(&c.scaleWave, "scale-wave", 5, "scale: instances restarted at once in a rolling restart")
+	fs.DurationVar(&c.scaleTimeout, "scale-timeout", 40*time.Minute, "scale: hard deadline of the scenario (instead of -timeout)")
+	fs.StringVar(&c.regnodeBin, "regnode-bin", "", "scale: the regnode binary to run (default: go build ./cmd/regnode into a temporary directory)")
+
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
@@ -254,6 +274,11 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 			"pick-ops":          "300000",
 			"pick-rounds":       "3",
 			"flood-calls":       "300",
+			"scale-instances":   "10000",
+			"scale-subs":        "1000",
+			"scale-procs":       "2",
+			"scale-changes":     "50",
+			"scale-timeout":     "10m",
 		}
 		for k, v := range short {
 			if !set[k] {
@@ -280,6 +305,19 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 			usage(stderr, fs)
 			return "", nil, fmt.Errorf("-flood-modes: unknown mode %q", m)
 		}
+	}
+	for _, v := range []struct {
+		flag string
+		n    int
+	}{{"scale-instances", c.scaleN}, {"scale-subs", c.scaleS}, {"scale-procs", c.scaleProcs}, {"scale-changes", c.scaleChanges}, {"scale-wave", c.scaleWave}} {
+		if v.n < 1 {
+			usage(stderr, fs)
+			return "", nil, fmt.Errorf("-%s: %d is not a positive integer", v.flag, v.n)
+		}
+	}
+	if c.scaleRate <= 0 {
+		usage(stderr, fs)
+		return "", nil, fmt.Errorf("-scale-rate: %g is not positive", c.scaleRate)
 	}
 	if name != "all" && find(name) == nil {
 		usage(stderr, fs)
@@ -356,10 +394,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // the deadline plus a grace (something ignored its context), the process
 // prints every goroutine and exits: the deadline is hard.
 func runOne(parent context.Context, cfg *config, s scenario, stderr io.Writer) *Result {
-	ctx, cancel := context.WithTimeout(parent, cfg.timeout)
+	timeout := cfg.timeout
+	if s.name == "scale" {
+		timeout = cfg.scaleTimeout
+	}
+	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
-	watchdog := time.AfterFunc(cfg.timeout+30*time.Second, func() {
-		fmt.Fprintf(stderr, "\nregbench: scenario %s overran its deadline of %s; goroutines:\n", s.name, cfg.timeout)
+	watchdog := time.AfterFunc(timeout+30*time.Second, func() {
+		fmt.Fprintf(stderr, "\nregbench: scenario %s overran its deadline of %s; goroutines:\n", s.name, timeout)
 		_ = pprof.Lookup("goroutine").WriteTo(stderr, 1)
 		os.Exit(3)
 	})
@@ -380,7 +422,7 @@ func runOne(parent context.Context, cfg *config, s scenario, stderr io.Writer) *
 	if err != nil {
 		res.Error = err.Error()
 		if errors.Is(err, context.DeadlineExceeded) {
-			res.Error += fmt.Sprintf(" (deadline %s)", cfg.timeout)
+			res.Error += fmt.Sprintf(" (deadline %s)", timeout)
 		}
 	}
 	res.param("short", cfg.short)

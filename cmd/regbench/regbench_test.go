@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +22,9 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == childArg {
 		os.Exit(childMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	if len(os.Args) > 1 && os.Args[1] == scaleChildArg {
+		os.Exit(scaleChildMain(os.Args[2:], os.Stdin, os.Stdout))
 	}
 	os.Exit(m.Run())
 }
@@ -40,6 +45,10 @@ var tiny = map[string][]string{
 	// The default limits but a cap of 40 registrations: 120 Registers
 	// from the attacker are limited without thousands of etcd writes.
 	"flood": {"-flood-registers", "120", "-flood-conc", "8", "-flood-cap", "40", "-flood-calls", "20", "-flood-instances", "5"},
+	// Real regnode processes (built once by the scenario), subscribers in
+	// two child processes; bounded by its own deadline.
+	"scale": {"-scale-instances", "300", "-scale-subs", "30", "-scale-procs", "2", "-scale-changes", "10",
+		"-scale-rate", "50", "-scale-roll", "5,10", "-scale-wave", "3", "-scale-timeout", "4m"},
 }
 
 // fields are figures a scenario's JSON must hold, by path from the top
@@ -61,6 +70,16 @@ var fields = map[string][]field{
 		{"ratio/round_robin/N=2/ns_per_op", true},
 	},
 	"flood": floodFields(floodPeer, floodToken),
+	"scale": {
+		{"ours/N=300,S=30/rss_per_instance_kib", false}, {"baseline/etcd/N=300,S=30/rss_per_instance_kib", false},
+		{"ours/N=300,S=30/cold_start_serving_ms", true}, {"ours/N=300,S=30/cold_start_full_snapshot_ms", true},
+		{"baseline/etcd_get_decode/N=300,S=30/cold_start_full_snapshot_ms", true},
+		{"ours/N=300,S=30/rss_per_subscriber_kib", false}, {"baseline/etcd/N=300,S=30/rss_per_subscriber_kib", false},
+		{"ours/N=300,S=30/propagation_all_subscribers_ms/n", true}, {"baseline/etcd/N=300,S=30/propagation_all_subscribers_ms/n", true},
+		{"ratio/etcd/N=300,S=30/propagation_all_subscribers_ms/p99", true},
+		{"ours/roll M=5/bytes_per_event", true}, {"ours/roll M=10/bytes_per_event", true},
+		{"ours/kill rn3/moved_and_converged_ms/n", true},
+	},
 	"failover": {
 		{"ours/B=2/calls", true}, {"ours/B=2/failed_calls", false}, {"ours/B=2/success_ratio", true},
 		{"baseline/rr_registry/B=2/calls", true}, {"baseline/rr_registry/B=2/failed_calls", false},
@@ -140,6 +159,51 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 			}
 		}
 	}
+	if scenario == "scale" {
+		// Counts: every restarted instance reached every subscriber as
+		// one or two events (a delete and a register in one batch are one
+		// update), and nothing else did (no reset snapshot); every
+		// subscriber of the killed regnode moved, every subscriber
+		// converged, none went back.
+		for _, M := range []float64{5, 10} {
+			c := fmt.Sprintf("ours/roll M=%v/", M)
+			written, _ := at(obj, c+"changes_written")
+			events, _ := at(obj, c+"events_delivered")
+			snaps, ok := at(obj, c+"snapshots_received")
+			if written != 2*M || events < 30*M || events > 30*written || !ok || snaps != 0 {
+				t.Errorf("scale roll M=%v: %v changes written, %v events delivered, %v snapshots (present %v); want %v, 30×%v..30×%v, 0",
+					M, written, events, snaps, ok, 2*M, M, 2*M)
+			}
+		}
+		moved, _ := at(obj, "ours/kill rn3/subscribers_moved")
+		n, _ := at(obj, "ours/kill rn3/moved_and_converged_ms/n")
+		conv, _ := at(obj, "ours/kill rn3/converged")
+		regress, ok := at(obj, "ours/kill rn3/revision_regressions")
+		if moved < 1 || n != moved || conv != 30 || !ok || regress != 0 {
+			t.Errorf("scale kill: %v subscribers on the killed regnode, %v moved, %v of 30 converged, %v regressions (present %v)",
+				moved, n, conv, regress, ok)
+		}
+		// The subscribers followed are those whose stream was on the
+		// killed regnode, and every client's stream was somewhere.
+		kill, _ := obj["ours"].(map[string]any)["kill rn3"].(map[string]any)
+		before, _ := kill["streams_by_regnode_before"].(string)
+		var total, onVictim float64
+		for _, kv := range strings.Fields(before) {
+			name, v, _ := strings.Cut(kv, "=")
+			k, err := strconv.Atoi(v)
+			if err != nil || name == "none" {
+				t.Errorf("scale kill: streams before the kill %q", before)
+			}
+			total += float64(k)
+			if name == "rn3" {
+				onVictim = float64(k)
+			}
+		}
+		if total != 30 || onVictim != moved {
+			t.Errorf("scale kill: streams before the kill %q, %v followed as the killed regnode's", before, moved)
+		}
+		return
+	}
 	if scenario != "failover" {
 		return
 	}
@@ -200,7 +264,8 @@ func TestScenariosJSON(t *testing.T) {
 }
 
 func TestUsage(t *testing.T) {
-	for _, args := range [][]string{nil, {"nope"}, {"register", "extra"}, {"register", "-no-such-flag"}} {
+	for _, args := range [][]string{nil, {"nope"}, {"register", "extra"}, {"register", "-no-such-flag"},
+		{"scale", "-scale-procs", "0"}, {"scale", "-scale-rate", "-1"}} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), args, &out, &errb); code != 2 {
 			t.Errorf("regbench %q: exit %d, want 2", args, code)
