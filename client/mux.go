@@ -335,7 +335,13 @@ func (m *mux) run(ctx context.Context) {
 		if progressed {
 			attempt = 0
 		}
-		m.c.log.Debug("subscription stream ended; resuming", "err", err)
+		if errors.Is(err, errAhead) {
+			// Worth seeing: a regnode behind its peers moves every
+			// service of the stream, one REVISION_AHEAD at a time.
+			m.c.log.Warn("subscription stream moved off a regnode behind one of its services", "err", err)
+		} else {
+			m.c.log.Debug("subscription stream ended; resuming", "err", err)
+		}
 		d := minB << min(attempt, 16)
 		if d > maxB || d <= 0 {
 			d = maxB
