@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/regcluster/registry/internal/etcdtest"
@@ -49,29 +48,6 @@ func newPooled(t *testing.T, pc leasepool.Config, bc txnbatch.Config) pooled {
 		t.Fatal(err)
 	}
 	return pooled{s: s, cli: cli, pool: pool, batch: b}
-}
-
-// keepAliveStreams is how many LeaseKeepAlive streams the etcd servers of
-// this process have opened (etcd's own grpc_server_started_total).
-func keepAliveStreams(t *testing.T) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "grpc_server_started_total" {
-			continue
-		}
-		for _, m := range mf.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == "grpc_method" && l.GetValue() == "LeaseKeepAlive" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -214,7 +190,7 @@ func TestPooledLeaseExpiresAfterLastRenewal(t *testing.T) {
 	// Renewed inside its TTL (after it aged), the record outlives the
 	// expiry the handover set.
 	waitUntil(t, "the handed-over lease to age", func() bool { aged = remaining(reg.LeaseID); return aged <= 4 })
-	streams := keepAliveStreams(t)
+	streams := etcdtest.KeepAliveStreams(t)
 	for range 3 {
 		got, err := p.s.KeepAliveAs(ctx, reg.Secret, "orders", "b", reg.LeaseID)
 		if err != nil || got != ttl {
@@ -222,7 +198,7 @@ func TestPooledLeaseExpiresAfterLastRenewal(t *testing.T) {
 		}
 	}
 	// The handover's renewal opened the shared stream; these rode it.
-	if k := keepAliveStreams(t) - streams; k != 0 {
+	if k := etcdtest.KeepAliveStreams(t) - streams; k != 0 {
 		t.Fatalf("3 renewals opened %v LeaseKeepAlive streams, want none (the shared one)", k)
 	}
 	if r := remaining(reg.LeaseID); r <= aged {

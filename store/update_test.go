@@ -257,14 +257,7 @@ func TestUpdateFromHeldInPausedLinkIsRefused(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cur, hint, err := s.UpdateFrom(ctx, reg.Instance, store.StateHint{}, nil, healthTo(registryv1.HealthState_HEALTH_STATE_HEALTHY, "p"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cur, hint := registeredHealthy(ctx, t, s)
 	key := s.Keys().Instance("orders", "a")
 	h := hold(t, direct, "/test/leader")
 	before, mod0, _, _ := rawKey(t, direct, key)
@@ -296,14 +289,7 @@ func TestUpdateFromGone(t *testing.T) {
 	s, _, _ := countedStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cur, hint, err := s.UpdateFrom(ctx, reg.Instance, store.StateHint{}, nil, healthTo(registryv1.HealthState_HEALTH_STATE_HEALTHY, "p"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cur, hint := registeredHealthy(ctx, t, s)
 	if _, _, err := s.Deregister(ctx, "orders", "a", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -324,14 +310,7 @@ func TestUpdateFromKeepsConcurrentRecordChange(t *testing.T) {
 	s, _, _ := countedStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	reg, err := s.Register(ctx, inst("orders", "a"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cur, hint, err := s.UpdateFrom(ctx, reg.Instance, store.StateHint{}, nil, healthTo(registryv1.HealthState_HEALTH_STATE_HEALTHY, "p"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cur, hint := registeredHealthy(ctx, t, s)
 	if _, _, err := s.Update(ctx, "orders", "a", func(in *registryv1.Instance) error {
 		in.Version = "v2"
 		return nil
@@ -348,4 +327,20 @@ func TestUpdateFromKeepsConcurrentRecordChange(t *testing.T) {
 	if got.Version != "v2" || got.GetHealth().GetState() != registryv1.HealthState_HEALTH_STATE_DEGRADED {
 		t.Fatalf("stored version %q health %v: want the concurrent version kept and the health written", got.Version, got.GetHealth())
 	}
+}
+
+// registeredHealthy registers orders/a and makes it HEALTHY through
+// UpdateFrom, returning the record written and the state hint for the
+// next UpdateFrom.
+func registeredHealthy(ctx context.Context, t *testing.T, s *store.Store) (*registryv1.Instance, store.StateHint) {
+	t.Helper()
+	reg, err := s.Register(ctx, inst("orders", "a"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, hint, err := s.UpdateFrom(ctx, reg.Instance, store.StateHint{}, nil, healthTo(registryv1.HealthState_HEALTH_STATE_HEALTHY, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cur, hint
 }

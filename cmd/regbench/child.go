@@ -202,24 +202,28 @@ func settledRSS() int64 {
 	return rssBytes()
 }
 
-// subscriberProc is the parent's handle on a child process of subscribers.
-type subscriberProc struct {
+// childProc is the parent's end of a regbench child process: commands
+// go on the child's stdin, and each answer is one line on its stdout
+// that starts with the command's word. The subscriber children of the
+// fanout and scale scenarios share it.
+type childProc struct {
+	what       string // how errors name the child
 	cmd        *exec.Cmd
 	in         io.WriteCloser
 	out        *bufio.Scanner
-	rss0, rss1 int64
+	rss0, rss1 int64 // the child's RSS before and after subscribing (its "ready" line)
 	waitOnce   sync.Once
 	waitErr    error
 }
 
-// startSubscribers starts the child and waits until it is connected.
-// go_ lets it subscribe and waits for "ready".
-func startSubscribers(ctx context.Context, kind, endpoint, service string, S, clients int) (*subscriberProc, error) {
+// startChild runs this binary again with args, its stdout read as answer
+// lines.
+func startChild(ctx context.Context, what string, args ...string) (*childProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe, childArg, kind, endpoint, service, strconv.Itoa(S), strconv.Itoa(clients))
+	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Stderr = os.Stderr
 	cmd.WaitDelay = 5 * time.Second
 	in, err := cmd.StdinPipe()
@@ -233,25 +237,19 @@ func startSubscribers(ctx context.Context, kind, endpoint, service string, S, cl
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &subscriberProc{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	p := &childProc{what: what, cmd: cmd, in: in, out: bufio.NewScanner(out)}
 	p.out.Buffer(make([]byte, 64<<10), 64<<20)
-	if _, err := p.line("warm"); err != nil {
-		p.stop()
-		return nil, err
-	}
 	return p, nil
 }
 
-func (p *subscriberProc) go_() error {
-	if _, err := fmt.Fprintln(p.in, "go"); err != nil {
-		return err
-	}
+// ready reads the child's "ready RSS0 RSS1" line.
+func (p *childProc) ready() error {
 	f, err := p.line("ready")
 	if err != nil {
 		return err
 	}
 	if len(f) != 2 {
-		return fmt.Errorf("subscriber process: bad ready line %q", f)
+		return fmt.Errorf("%s: bad ready line %q", p.what, f)
 	}
 	p.rss0, _ = strconv.ParseInt(f[0], 10, 64)
 	p.rss1, _ = strconv.ParseInt(f[1], 10, 64)
@@ -260,41 +258,31 @@ func (p *subscriberProc) go_() error {
 
 // line reads the next line, which must start with word; it returns the
 // rest split on spaces.
-func (p *subscriberProc) line(word string) ([]string, error) {
+func (p *childProc) line(word string) ([]string, error) {
 	if !p.out.Scan() {
 		err := p.out.Err()
 		if err == nil {
 			err = errors.New("closed its output")
 		}
-		return nil, fmt.Errorf("subscriber process: %w (exit: %v)", err, p.stop())
+		return nil, fmt.Errorf("%s: %w (exit: %v)", p.what, err, p.stop())
 	}
 	f := strings.Fields(p.out.Text())
 	if len(f) == 0 || f[0] != word {
-		return nil, fmt.Errorf("subscriber process: want %q, got %q", word, p.out.Text())
+		return nil, fmt.Errorf("%s: want %q, got %q", p.what, word, p.out.Text())
 	}
 	return f[1:], nil
 }
 
-func (p *subscriberProc) ask(cmd string) ([]string, error) {
+// ask sends a command and returns its answer's fields after the word.
+func (p *childProc) ask(cmd string) ([]string, error) {
 	if _, err := fmt.Fprintln(p.in, cmd); err != nil {
 		return nil, err
 	}
-	return p.line(cmd)
+	return p.line(strings.Fields(cmd)[0])
 }
 
-func (p *subscriberProc) cpu() (time.Duration, error) {
-	f, err := p.ask("cpu")
-	if err != nil {
-		return 0, err
-	}
-	if len(f) != 1 {
-		return 0, fmt.Errorf("subscriber process: bad cpu line %q", f)
-	}
-	n, err := strconv.ParseInt(f[0], 10, 64)
-	return time.Duration(n), err
-}
-
-func (p *subscriberProc) sightings() (*observer, error) {
+// sightings asks the child when its subscribers first saw each key.
+func (p *childProc) sightings() (*observer, error) {
 	f, err := p.ask("sightings")
 	if err != nil {
 		return nil, err
@@ -316,10 +304,47 @@ func (p *subscriberProc) sightings() (*observer, error) {
 
 // stop closes the child's stdin (it closes its subscribers and exits) and
 // waits for it.
-func (p *subscriberProc) stop() error {
+func (p *childProc) stop() error {
 	p.waitOnce.Do(func() {
 		p.in.Close()
 		p.waitErr = p.cmd.Wait()
 	})
 	return p.waitErr
+}
+
+// subscriberProc is the parent's handle on a child process of subscribers.
+type subscriberProc struct{ *childProc }
+
+// startSubscribers starts the child and waits until it is connected.
+// go_ lets it subscribe and waits for "ready".
+func startSubscribers(ctx context.Context, kind, endpoint, service string, S, clients int) (*subscriberProc, error) {
+	c, err := startChild(ctx, "subscriber process", childArg, kind, endpoint, service, strconv.Itoa(S), strconv.Itoa(clients))
+	if err != nil {
+		return nil, err
+	}
+	p := &subscriberProc{c}
+	if _, err := p.line("warm"); err != nil {
+		p.stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *subscriberProc) go_() error {
+	if _, err := fmt.Fprintln(p.in, "go"); err != nil {
+		return err
+	}
+	return p.ready()
+}
+
+func (p *subscriberProc) cpu() (time.Duration, error) {
+	f, err := p.ask("cpu")
+	if err != nil {
+		return 0, err
+	}
+	if len(f) != 1 {
+		return 0, fmt.Errorf("subscriber process: bad cpu line %q", f)
+	}
+	n, err := strconv.ParseInt(f[0], 10, 64)
+	return time.Duration(n), err
 }

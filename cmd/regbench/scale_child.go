@@ -3,11 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -371,74 +369,17 @@ func (ch *scaleChild) unsubscribe(service string) {
 
 // scaleProc is the parent's handle on one of scale's subscriber processes.
 type scaleProc struct {
-	cmd        *exec.Cmd
-	in         io.WriteCloser
-	out        *bufio.Scanner
-	K          int
-	rss0, rss1 int64
-	waitOnce   sync.Once
-	waitErr    error
+	*childProc
+	K int
 }
 
 // startScaleProc starts a child of K clients; ready waits for its line.
 func startScaleProc(ctx context.Context, endpoints []string, service string, K int) (*scaleProc, error) {
-	exe, err := os.Executable()
+	c, err := startChild(ctx, "scale subscriber process", scaleChildArg, strings.Join(endpoints, ","), service, strconv.Itoa(K))
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe, scaleChildArg, strings.Join(endpoints, ","), service, strconv.Itoa(K))
-	cmd.Stderr = os.Stderr
-	cmd.WaitDelay = 5 * time.Second
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &scaleProc{cmd: cmd, in: in, out: bufio.NewScanner(out), K: K}
-	p.out.Buffer(make([]byte, 64<<10), 64<<20)
-	return p, nil
-}
-
-func (p *scaleProc) ready() error {
-	f, err := p.line("ready")
-	if err != nil {
-		return err
-	}
-	if len(f) != 2 {
-		return fmt.Errorf("scale subscriber process: bad ready line %q", f)
-	}
-	p.rss0, _ = strconv.ParseInt(f[0], 10, 64)
-	p.rss1, _ = strconv.ParseInt(f[1], 10, 64)
-	return nil
-}
-
-func (p *scaleProc) line(word string) ([]string, error) {
-	if !p.out.Scan() {
-		err := p.out.Err()
-		if err == nil {
-			err = errors.New("closed its output")
-		}
-		return nil, fmt.Errorf("scale subscriber process: %w (exit: %v)", err, p.stop())
-	}
-	f := strings.Fields(p.out.Text())
-	if len(f) == 0 || f[0] != word {
-		return nil, fmt.Errorf("scale subscriber process: want %q, got %q", word, p.out.Text())
-	}
-	return f[1:], nil
-}
-
-// ask sends a command and returns its answer's fields after the word.
-func (p *scaleProc) ask(cmd string) ([]string, error) {
-	if _, err := fmt.Fprintln(p.in, cmd); err != nil {
-		return nil, err
-	}
-	return p.line(strings.Fields(cmd)[0])
+	return &scaleProc{childProc: c, K: K}, nil
 }
 
 func (p *scaleProc) ints(cmd string) ([]int64, error) {
@@ -453,32 +394,4 @@ func (p *scaleProc) ints(cmd string) ([]int64, error) {
 		}
 	}
 	return out, nil
-}
-
-func (p *scaleProc) sightings() (*observer, error) {
-	f, err := p.ask("sightings")
-	if err != nil {
-		return nil, err
-	}
-	o := &observer{}
-	for _, kv := range f {
-		k, t, ok := strings.Cut(kv, ":")
-		if !ok {
-			continue
-		}
-		key, err1 := strconv.ParseInt(k, 10, 64)
-		at, err2 := strconv.ParseInt(t, 10, 64)
-		if err1 == nil && err2 == nil {
-			o.saw(key, time.Unix(0, at))
-		}
-	}
-	return o, nil
-}
-
-func (p *scaleProc) stop() error {
-	p.waitOnce.Do(func() {
-		p.in.Close()
-		p.waitErr = p.cmd.Wait()
-	})
-	return p.waitErr
 }

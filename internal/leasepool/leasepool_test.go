@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
@@ -16,29 +15,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, etcdtest.LeakOptions()...) }
-
-// keepAliveStreams is how many LeaseKeepAlive streams the etcd servers of
-// this process have opened (etcd's own grpc_server_started_total).
-func keepAliveStreams(t *testing.T) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "grpc_server_started_total" {
-			continue
-		}
-		for _, m := range mf.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == "grpc_method" && l.GetValue() == "LeaseKeepAlive" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -70,7 +46,7 @@ func TestRenewerOneStream(t *testing.T) {
 		}
 		ids[i] = g.ID
 	}
-	before := keepAliveStreams(t)
+	before := etcdtest.KeepAliveStreams(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, leases*rounds)
 	for i := range leases {
@@ -99,7 +75,7 @@ func TestRenewerOneStream(t *testing.T) {
 	if _, err := r.Renew(ctx, int64(ids[0])); !errors.Is(err, leasepool.ErrNotFound) {
 		t.Fatalf("renew a revoked lease: %v, want ErrNotFound", err)
 	}
-	if got := keepAliveStreams(t) - before; got != 1 {
+	if got := etcdtest.KeepAliveStreams(t) - before; got != 1 {
 		t.Fatalf("%d renewals opened %v LeaseKeepAlive streams, want 1", leases*rounds+1, got)
 	}
 }
