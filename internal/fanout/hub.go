@@ -84,7 +84,10 @@ type Config struct {
 	OnWatchRestart func(reason string, err error)
 	OnReset        func(reason string) // a subscriber is due a reset snapshot
 	OnStale        func()              // a batch the cache refused
-	OnSubscribers  func(n int)         // the number of subscribers changed
+	// OnSubscribers is told the number of subscribers at every change,
+	// in the order of the changes: it is called with the hub's lock held,
+	// so it must be quick and must not call the Hub.
+	OnSubscribers func(n int)
 }
 
 // DefaultConfig is a Config with every default but the client.
@@ -221,6 +224,7 @@ func (h *Hub) Run(ctx context.Context) error {
 	h.mu.closed = true
 	feeds := h.mu.feeds
 	h.mu.feeds, h.mu.subs = map[string]*feed{}, 0
+	h.subscribersChanged()
 	h.mu.Unlock()
 	for _, f := range feeds {
 		f.mu.Lock()
@@ -232,9 +236,6 @@ func (h *Hub) Run(ctx context.Context) error {
 	}
 	t := h.tick.Load()
 	h.publish(t.rev, t.epoch, t.confirms) // wakes Subscribe's waiters: closed
-	if h.cfg.OnSubscribers != nil {
-		h.cfg.OnSubscribers(0)
-	}
 	return err
 }
 
@@ -448,11 +449,8 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64, ep stri
 	f.subs[s] = struct{}{}
 	f.mu.Unlock()
 	h.mu.subs++
-	n := h.mu.subs
+	h.subscribersChanged()
 	h.mu.Unlock()
-	if h.cfg.OnSubscribers != nil {
-		h.cfg.OnSubscribers(n)
-	}
 
 	if snapshot {
 		u, err := f.snapshot(snap, cur, reset, newEpoch)
@@ -554,10 +552,17 @@ func (h *Hub) remove(s *Sub) {
 	f.mu.Unlock()
 	if ok {
 		h.mu.subs--
+		h.subscribersChanged()
 	}
-	n := h.mu.subs
 	h.mu.Unlock()
-	if ok && h.cfg.OnSubscribers != nil {
-		h.cfg.OnSubscribers(n)
+}
+
+// subscribersChanged tells OnSubscribers the count; h.mu is held, so that
+// the calls come in the order of the changes. Called after h.mu is
+// released, two Subscribes racing could report 2 and then 1, and the
+// gauge would show 1 of 2 subscribers until the next change.
+func (h *Hub) subscribersChanged() {
+	if h.cfg.OnSubscribers != nil {
+		h.cfg.OnSubscribers(h.mu.subs)
 	}
 }

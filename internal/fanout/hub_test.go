@@ -366,3 +366,72 @@ func TestSnapshotsShareStoredBytes(t *testing.T) {
 		t.Fatalf("snapshots at 1 and 2 differ beyond their revision: %v / %v", &r1, &r3)
 	}
 }
+
+// Subscribers that come and go at the same moment (a Subscribe stream
+// moving eight services to this regnode at once) leave OnSubscribers, and
+// so the registry_subscribers gauge, at the true count: the calls come in
+// the order of the changes, each one more or one less than the last.
+// Before, a count reported after the hub's lock was released could be
+// overtaken by the next one's, and the gauge stayed at 1 of 8.
+func TestOnSubscribersInOrderOfChanges(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		seen []int
+	)
+	h := newHub(Config{RingSize: 100, QueueSize: 16, CatchUpTimeout: time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+		OnSubscribers: func(n int) {
+			runtime.Gosched() // widens the window a call made outside the lock would lose
+			mu.Lock()
+			seen = append(seen, n)
+			mu.Unlock()
+		}})
+	mustApply(t, h, cache.Batch{Revision: 1, Snapshot: true, Epoch: "e1"})
+	const rounds, width = 20, 8
+	for range rounds {
+		subs := make([]*Sub, width)
+		var wg sync.WaitGroup
+		for i := range width {
+			wg.Go(func() {
+				s, err := h.Subscribe(context.Background(), fmt.Sprintf("svc-%d", i), 0, "")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				subs[i] = s
+			})
+		}
+		wg.Wait()
+		mu.Lock()
+		last := seen[len(seen)-1]
+		mu.Unlock()
+		if last != h.Subscribers() || last != width {
+			t.Fatalf("OnSubscribers last told %d, the hub has %d subscribers (want %d)", last, h.Subscribers(), width)
+		}
+		for _, s := range subs {
+			wg.Go(func() {
+				if s != nil {
+					s.Close()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2*rounds*width {
+		t.Fatalf("OnSubscribers called %d times, want %d", len(seen), 2*rounds*width)
+	}
+	for i, n := range seen {
+		prev := 0
+		if i > 0 {
+			prev = seen[i-1]
+		}
+		if n != prev+1 && n != prev-1 {
+			t.Fatalf("call %d told %d after %d: not in the order of the changes (%v)", i, n, prev, seen)
+		}
+	}
+	if seen[len(seen)-1] != 0 {
+		t.Fatalf("last count %d after every subscriber left", seen[len(seen)-1])
+	}
+}
