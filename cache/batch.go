@@ -41,6 +41,12 @@ type Event struct {
 	Service  string
 	ID       string
 	Instance *registryv1.Instance // for Put; never mutated after being handed to the cache
+	// Encoded, for Put, may hold Instance in wire form as protobuf field 1
+	// of wire type bytes (tag, length, the Instance's bytes: see
+	// record.Element), for a consumer that forwards records without
+	// encoding them again. A source sets it only to bytes that decode to
+	// Instance; nil when it has none. The cache ignores it.
+	Encoded []byte
 }
 
 // Batch is what a watcher delivers: an incremental batch of events, a
@@ -66,6 +72,10 @@ type Batch struct {
 	// entries without a service or id, are skipped and counted in
 	// Stats.Invalid; if a key appears twice, the last one wins.
 	Instances []*registryv1.Instance
+	// Encoded, if not nil, is parallel to Instances (the same length):
+	// Encoded[i] is Instances[i] in wire form, as Event.Encoded is, or nil
+	// when the source has none for it. The cache ignores it.
+	Encoded [][]byte
 	// Events is an incremental batch (one etcd transaction, or several in
 	// order), applied in order. Empty with !Snapshot means progress only.
 	Events []Event

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -263,10 +264,11 @@ var sleep = backoff.Sleep
 // list is read again.
 func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 	for tries := 0; ; tries++ {
-		insts, rev, cid, ep, newest, err := w.read(ctx)
+		l, err := w.read(ctx)
 		if err != nil {
 			return err
 		}
+		rev, cid, ep := l.rev, l.cid, l.ep
 		suspect := w.rev != 0 && (w.epochChanged(cid, rev) || w.suspect)
 		if w.cfg.EpochKey != "" && (ep == "" || suspect && ep == w.epoch) {
 			if tries >= 3 {
@@ -284,40 +286,54 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 			w.log.Error("etcd epoch changed: starting a new epoch, the revision may go down",
 				"old_epoch", w.epoch, "new_epoch", ep, "delivered", w.rev, "etcd", rev)
 		}
-		b := cache.Batch{Revision: rev, Snapshot: true, Reset: w.rev != 0, NewEpoch: newEpoch, Epoch: ep, Instances: insts}
+		b := cache.Batch{Revision: rev, Snapshot: true, Reset: w.rev != 0, NewEpoch: newEpoch, Epoch: ep,
+			Instances: l.insts, Encoded: l.encoded}
 		if err := deliver(b); err != nil {
 			return errStop{err}
 		}
-		w.rev, w.clusterID, w.epoch, w.mark, w.suspect = rev, cid, ep, newest, false
+		w.rev, w.clusterID, w.epoch, w.mark, w.suspect = rev, cid, ep, l.newest, false
 		return nil
 	}
 }
 
 // read lists the prefix page by page at one revision, and the epoch at the
 // same revision.
-func (w *Watcher) read(ctx context.Context) (insts []*registryv1.Instance, rev int64, cid uint64, ep string, newest mark, err error) {
-	rev, header, err := etcdread.Range(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.prefix, 0, w.cfg.PageSize, func(kv *mvccpb.KeyValue) {
-		if kv.ModRevision > newest.rev {
-			newest = markOf(kv)
+func (w *Watcher) read(ctx context.Context) (l listing, err error) {
+	var header *etcdserverpb.ResponseHeader
+	l.rev, header, err = etcdread.Range(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.prefix, 0, w.cfg.PageSize, func(kv *mvccpb.KeyValue) {
+		if kv.ModRevision > l.newest.rev {
+			l.newest = markOf(kv)
 		}
-		if in := w.decode(kv); in != nil {
-			insts = append(insts, in)
+		if in, e := w.decode(kv); in != nil {
+			l.insts = append(l.insts, in)
+			l.encoded = append(l.encoded, e)
 		}
 	})
 	if err != nil {
-		return nil, 0, 0, "", mark{}, err
+		return listing{}, err
 	}
-	cid = header.ClusterId
+	l.cid = header.ClusterId
 	if w.cfg.EpochKey != "" {
-		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), w.cfg.EpochKey, clientv3.WithRev(rev))
+		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), w.cfg.EpochKey, clientv3.WithRev(l.rev))
 		if err != nil {
-			return nil, 0, 0, "", mark{}, fmt.Errorf("read epoch %s at revision %d: %w", w.cfg.EpochKey, rev, err)
+			return listing{}, fmt.Errorf("read epoch %s at revision %d: %w", w.cfg.EpochKey, l.rev, err)
 		}
 		if len(resp.Kvs) > 0 {
-			ep = string(resp.Kvs[0].Value)
+			l.ep = string(resp.Kvs[0].Value)
 		}
 	}
-	return insts, rev, cid, ep, newest, nil
+	return l, nil
+}
+
+// listing is what read returns: the valid instances at rev, each with its
+// element (parallel), the cluster id and epoch, and the newest put.
+type listing struct {
+	insts   []*registryv1.Instance
+	encoded [][]byte
+	rev     int64
+	cid     uint64
+	ep      string
+	newest  mark
 }
 
 // epochChanged reports (loudly) an etcd that is not the one we followed:
@@ -336,12 +352,19 @@ func (w *Watcher) epochChanged(cid uint64, rev int64) bool {
 	return false
 }
 
-func (w *Watcher) decode(kv *mvccpb.KeyValue) *registryv1.Instance {
+// encodedField is the field number of cache.Event.Encoded's and
+// cache.Batch.Encoded's elements (Snapshot.instances).
+const encodedField = 1
+
+// decode returns the instance kv holds and its element (record.Element),
+// or nil, nil for junk: only a value that decoded and validated is ever
+// forwarded as bytes.
+func (w *Watcher) decode(kv *mvccpb.KeyValue) (*registryv1.Instance, []byte) {
 	in, err := w.dec.Decode(kv)
 	if err != nil {
-		return nil // logged and reported
+		return nil, nil // logged and reported
 	}
-	return in
+	return in, record.Element(encodedField, kv.Value, kv.CreateRevision, kv.ModRevision)
 }
 
 var errEpoch = errors.New("etcd epoch changed")
@@ -517,7 +540,7 @@ func (w *Watcher) deliverEvents(evs []*clientv3.Event, deliver Deliver) error {
 				}
 				continue
 			}
-			in := w.decode(ev.Kv)
+			in, e := w.decode(ev.Kv)
 			if in == nil {
 				// Junk replaced a valid record: to readers the instance is
 				// gone, exactly as List would show it.
@@ -526,7 +549,7 @@ func (w *Watcher) deliverEvents(evs []*clientv3.Event, deliver Deliver) error {
 				}
 				continue
 			}
-			batch = append(batch, cache.Event{Type: cache.Put, Service: in.Service, ID: in.Id, Instance: in})
+			batch = append(batch, cache.Event{Type: cache.Put, Service: in.Service, ID: in.Id, Instance: in, Encoded: e})
 		}
 		if rev <= w.rev {
 			continue // already delivered (a resumed stream may repeat)

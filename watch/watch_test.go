@@ -265,6 +265,8 @@ func TestResumeAndCompaction(t *testing.T) {
 	if f.c.Stats().Stale != 0 {
 		t.Fatalf("%d stale batches reached the cache", f.c.Stats().Stale)
 	}
+	// The relist forwards its records' stored bytes too.
+	f.checkEncoded(t)
 }
 
 // Junk under the prefix is skipped and counted, in the list and in the
