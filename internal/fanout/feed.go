@@ -15,6 +15,7 @@ import (
 // Lock order: Hub.mu, then feed.mu, then Sub.mu; snapMu is taken alone.
 type feed struct {
 	service string
+	store   *store // the hub's elements, shared by every feed
 
 	mu   sync.Mutex
 	subs map[*Sub]struct{}
@@ -23,7 +24,7 @@ type feed struct {
 	// subscribers resetting together encode it once and share it.
 	snapMu sync.Mutex
 	// body is the last snapshot body built: the feed's instances, each
-	// encoded once (the feed's one copy of their wire form).
+	// encoded once (elements shared with the hub's store).
 	body *snapshotBody
 	// snaps are the snapshot units still being sent, at one revision and
 	// epoch, one per flags. Weak: a unit's chunks (a copy of the body)
@@ -31,8 +32,8 @@ type feed struct {
 	snaps []weak.Pointer[Unit]
 }
 
-func newFeed(service string) *feed {
-	return &feed{service: service, subs: map[*Sub]struct{}{}}
+func newFeed(service string, st *store) *feed {
+	return &feed{service: service, store: st, subs: map[*Sub]struct{}{}}
 }
 
 // snapshot returns the snapshot unit of the feed's service in snap, at
@@ -74,7 +75,7 @@ func (f *feed) snapshot(snap *cache.Snapshot, ep string, reset, newEpoch bool) (
 		insts = snap.Instances(f.service)
 		services = [][]*registryv1.Instance{insts}
 	}
-	body, err := newBody(services, f.body)
+	body, err := newBody(services, f.body, f.store, ep, rev)
 	if err != nil {
 		return nil, err
 	}

@@ -12,8 +12,10 @@
 // subscriber of the same service (a transaction's events for that
 // service, a snapshot at one revision, progress), whose Chunks are the
 // encoded WatchResponse messages, built once for all of them; a stream
-// sends those bytes as they are. Snapshots are framed from instances each
-// encoded once while unchanged (see Unit).
+// sends those bytes as they are. Records are never encoded again: the
+// watcher forwards each one's stored bytes with etcd's revisions appended
+// (record.Element), the hub keeps one such element per instance for every
+// feed (see store), and snapshots and events are framed from them.
 //
 // The hub's lock covers O(1) work per transaction and per service it
 // touches: subscribers are indexed by service, the transaction's unit is
@@ -149,6 +151,9 @@ type Hub struct {
 	log   *slog.Logger
 	cache *cache.Cache
 	w     *watch.Watcher
+	// store is the one encoded element per instance that every feed's
+	// snapshots are framed from (see store).
+	store *store
 	// epochKey is where etcd keeps the epoch (see internal/epoch).
 	epochKey string
 
@@ -205,7 +210,7 @@ func New(cfg Config) (*Hub, error) {
 
 // newHub is a Hub without its watcher: tests drive apply themselves.
 func newHub(cfg Config) *Hub {
-	h := &Hub{cfg: cfg, log: cfg.Logger, cache: cache.New(), ready: make(chan struct{})}
+	h := &Hub{cfg: cfg, log: cfg.Logger, cache: cache.New(), store: newStore(), ready: make(chan struct{})}
 	h.mu.feeds = map[string]*feed{}
 	h.tick.Store(&tick{progress: &Unit{}, changed: make(chan struct{})})
 	return h
@@ -271,6 +276,9 @@ func (h *Hub) apply(b cache.Batch) error {
 	switch {
 	case b.Snapshot:
 		h.mu.ring, h.mu.events, h.mu.ringStart = nil, 0, b.Revision
+		// O(instances), as the cache's own Apply of a snapshot is: under
+		// h.mu, so every snapshot of the new cache finds its elements.
+		h.store.reset(h.cache.Snapshot(), b)
 		first := false
 		h.readyOnce.Do(func() { close(h.ready); first = true })
 		if first {
@@ -305,6 +313,7 @@ func (h *Hub) apply(b cache.Batch) error {
 			h.mu.events -= len(h.mu.ring[0].Events)
 			h.mu.ring = h.mu.ring[1:]
 		}
+		h.store.put(b)
 		units := h.unitsOf(b, ep)
 		h.mu.Unlock()
 		for f, u := range units {
@@ -422,7 +431,7 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64, ep stri
 	// and build the unit after letting go.
 	f := h.mu.feeds[service]
 	if f == nil {
-		f = newFeed(service)
+		f = newFeed(service, h.store)
 		h.mu.feeds[service] = f
 	}
 	s := &Sub{h: h, f: f, notify: make(chan struct{}, 1), done: make(chan struct{}), confirms: h.tick.Load().confirms}

@@ -11,6 +11,7 @@ import (
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/internal/chunk"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/record"
 )
 
 // Unit is one thing a subscriber applies whole: a snapshot, the events of
@@ -80,84 +81,145 @@ func (u *Unit) encode(maxBytes int) ([][]byte, error) {
 		}
 		return [][]byte{b}, nil
 	}
-	evs := make([]*registryv1.Event, len(u.b.Events))
+	elems := make([][]byte, len(u.b.Events))
 	for i, e := range u.b.Events {
-		if e.Type == cache.Put {
-			evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_PUT, Instance: e.Instance, Service: e.Service, Id: e.ID}
-		} else {
-			evs[i] = &registryv1.Event{Type: registryv1.Event_TYPE_DELETE, Service: e.Service, Id: e.ID}
+		el, err := eventElement(e)
+		if err != nil {
+			return nil, fmt.Errorf("encode events at revision %d: %w", u.b.Revision, err)
+		}
+		elems[i] = el
+	}
+	each := func(f func([]byte)) {
+		for _, e := range elems {
+			f(e)
 		}
 	}
-	unit := &registryv1.WatchResponse{Revision: u.b.Revision, Epoch: u.b.Epoch,
-		Kind: &registryv1.WatchResponse_Events{Events: &registryv1.Events{Events: evs}}}
-	var out [][]byte
-	err := chunk.Split(unit, maxBytes, func(r *registryv1.WatchResponse) error {
-		b, err := proto.Marshal(r)
-		out = append(out, b)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("encode events at revision %d: %w", u.b.Revision, err)
+	return frameChunks(u.b, kindFrame{field: fieldWatchEvents, more: fieldEventsMore}, each, maxBytes), nil
+}
+
+// eventElement returns e as an element of Events.events (tag, length, the
+// Event's bytes). A put's instance is its stored bytes (Event.Encoded)
+// when the watcher forwarded them, and encoded here otherwise.
+func eventElement(e cache.Event) ([]byte, error) {
+	typ := registryv1.Event_TYPE_DELETE
+	var inst []byte
+	if e.Type == cache.Put {
+		typ = registryv1.Event_TYPE_PUT
+		if inst = record.ElementPayload(e.Encoded); inst == nil && e.Instance != nil {
+			raw, err := proto.Marshal(e.Instance)
+			if err != nil {
+				return nil, fmt.Errorf("encode instance %s/%s: %w", e.Instance.GetService(), e.Instance.GetId(), err)
+			}
+			inst = raw
+		}
 	}
-	return out, nil
+	n := protowire.SizeTag(fieldEventType) + protowire.SizeVarint(uint64(typ))
+	if inst != nil {
+		n += protowire.SizeTag(fieldEventInstance) + protowire.SizeBytes(len(inst))
+	}
+	if e.Service != "" {
+		n += protowire.SizeTag(fieldEventService) + protowire.SizeBytes(len(e.Service))
+	}
+	if e.ID != "" {
+		n += protowire.SizeTag(fieldEventID) + protowire.SizeBytes(len(e.ID))
+	}
+	w := make([]byte, 0, chunk.Cost(n))
+	w = protowire.AppendTag(w, fieldEventsEvents, protowire.BytesType)
+	w = protowire.AppendVarint(w, uint64(n))
+	w = protowire.AppendTag(w, fieldEventType, protowire.VarintType)
+	w = protowire.AppendVarint(w, uint64(typ))
+	if inst != nil {
+		w = protowire.AppendTag(w, fieldEventInstance, protowire.BytesType)
+		w = protowire.AppendBytes(w, inst)
+	}
+	if e.Service != "" {
+		w = protowire.AppendTag(w, fieldEventService, protowire.BytesType)
+		w = protowire.AppendString(w, e.Service)
+	}
+	if e.ID != "" {
+		w = protowire.AppendTag(w, fieldEventID, protowire.BytesType)
+		w = protowire.AppendString(w, e.ID)
+	}
+	return w, nil
 }
 
 // Field numbers of the messages snapshotBody writes by hand; a test checks
 // its output against proto.Unmarshal.
 const (
-	fieldWatchRevision  = 1
-	fieldWatchSnapshot  = 2
-	fieldWatchEpoch     = 5
-	fieldSnapInstances  = 1
-	fieldSnapReset      = 2
-	fieldSnapNewEpoch   = 3
-	fieldSnapMore       = 4
-	boolFieldSize       = 2 // a tag under 16 and one byte
-	snapshotFlagsAtMost = 3 * boolFieldSize
+	fieldWatchRevision = 1
+	fieldWatchSnapshot = 2
+	fieldWatchEvents   = 3
+	fieldWatchEpoch    = 5
+	fieldSnapInstances = 1
+	fieldSnapReset     = 2
+	fieldSnapNewEpoch  = 3
+	fieldSnapMore      = 4
+	fieldEventsEvents  = 1
+	fieldEventsMore    = 2
+	fieldEventType     = 1
+	fieldEventInstance = 2
+	fieldEventService  = 3
+	fieldEventID       = 4
+	boolFieldSize      = 2 // a tag under 16 and one byte
 )
 
 // snapshotBody is the instances of one snapshot, each already encoded as
 // an element of Snapshot.instances (tag, length, the Instance's bytes), in
-// snapshot order: one part per service. A part is reused whole from the
-// previous body of the same feed when the cache still holds the service
-// unchanged (the cache shares a service's slice between its snapshots
-// until a batch touches it), and element by element otherwise (the cache
-// shares the *Instance of an unchanged record), so a snapshot costs one
-// encoding per changed instance, not one per instance, and its chunks are
-// copies of stored bytes.
+// snapshot order: one part per service. An element is, first choice, the
+// one the watcher made from etcd's stored bytes (record.Element, kept in
+// the hub's store, shared by every feed); else the one the feed's
+// previous body holds for the same *Instance (the cache shares the
+// *Instance of an unchanged record, and a service's slice between its
+// snapshots until a batch touches it, so a whole part is often reused as
+// it is); else it is encoded here. A relist or a put is therefore never
+// encoded again, and a snapshot's chunks are copies of stored bytes.
 type snapshotBody struct {
 	parts []*bodyPart
 	n     int // instances in all
 }
 
-// bodyPart is the encoded instances of one service.
+// bodyPart is the encoded instances of one service: elems[i] is insts[i]
+// as an element, insts sorted by id.
 type bodyPart struct {
 	insts []*registryv1.Instance
 	elems [][]byte
 }
 
 // newBody encodes the instances of services (one slice per service, in
-// snapshot order), reusing what prev (nil: none) already encoded.
-func newBody(services [][]*registryv1.Instance, prev *snapshotBody) (*snapshotBody, error) {
+// snapshot order, each sorted by id), reusing the elements of st (nil:
+// none) and of prev (nil: none). When st is set, services come from the
+// cache's snapshot at rev of epoch ep, and each part built is kept in st
+// for the next body of any feed.
+func newBody(services [][]*registryv1.Instance, prev *snapshotBody, st *store, ep string, rev int64) (*snapshotBody, error) {
 	b := &snapshotBody{parts: make([]*bodyPart, 0, len(services))}
 	k := 0 // prev.parts before k are behind the current service
 	for _, insts := range services {
 		if len(insts) == 0 {
 			continue
 		}
-		var old *bodyPart
+		svc := insts[0].Service
+		var (
+			srcs [2]*bodyPart
+			pend func(*registryv1.Instance) []byte
+		)
+		if st != nil {
+			srcs[0], pend = st.sources(svc)
+		}
 		if prev != nil {
 			// Both are sorted by service: advance to this one's part.
-			for k < len(prev.parts) && prev.parts[k].insts[0].Service < insts[0].Service {
+			for k < len(prev.parts) && prev.parts[k].insts[0].Service < svc {
 				k++
 			}
-			if k < len(prev.parts) && prev.parts[k].insts[0].Service == insts[0].Service {
-				old = prev.parts[k]
+			if k < len(prev.parts) && prev.parts[k].insts[0].Service == svc {
+				srcs[1] = prev.parts[k]
 			}
 		}
-		p, err := newPart(insts, old)
+		p, err := newPart(insts, srcs[:], pend)
 		if err != nil {
 			return nil, err
+		}
+		if st != nil && p != srcs[0] {
+			st.keep(svc, p, ep, rev)
 		}
 		b.parts = append(b.parts, p)
 		b.n += len(insts)
@@ -165,31 +227,52 @@ func newBody(services [][]*registryv1.Instance, prev *snapshotBody) (*snapshotBo
 	return b, nil
 }
 
-// newPart encodes insts, all of one service, reusing old's elements.
-func newPart(insts []*registryv1.Instance, old *bodyPart) (*bodyPart, error) {
-	if old != nil && sameInstances(old.insts, insts) {
-		return old, nil
-	}
-	var reuse map[*registryv1.Instance][]byte
-	if old != nil {
-		reuse = make(map[*registryv1.Instance][]byte, len(old.insts))
-		for i, in := range old.insts {
-			reuse[in] = old.elems[i]
+// newPart encodes insts, all of one service and sorted by id, taking each
+// element from the first of srcs (parts of the same service, sorted by
+// id; nil entries are skipped) that holds the very same *Instance, else
+// from pend (nil: none), else encoding it. A source that holds exactly
+// insts is returned as it is.
+func newPart(insts []*registryv1.Instance, srcs []*bodyPart, pend func(*registryv1.Instance) []byte) (*bodyPart, error) {
+	for _, src := range srcs {
+		if src != nil && sameInstances(src.insts, insts) {
+			return src, nil
 		}
 	}
 	p := &bodyPart{insts: insts, elems: make([][]byte, len(insts))}
+	var at [2]int // each source's cursor: both walk by id alongside insts
+	cur := at[:0]
+	for range srcs {
+		cur = append(cur, 0)
+	}
 	for i, in := range insts {
-		if e, ok := reuse[in]; ok {
-			p.elems[i] = e
-			continue
+		var e []byte
+		for k, src := range srcs {
+			if src == nil {
+				continue
+			}
+			c := cur[k]
+			for c < len(src.insts) && src.insts[c].Id < in.Id {
+				c++
+			}
+			cur[k] = c
+			if c < len(src.insts) && src.insts[c] == in {
+				e = src.elems[c]
+				break
+			}
 		}
-		raw, err := proto.Marshal(in)
-		if err != nil {
-			return nil, fmt.Errorf("encode instance %s/%s: %w", in.GetService(), in.GetId(), err)
+		if e == nil && pend != nil {
+			e = pend(in)
 		}
-		e := make([]byte, 0, chunk.Cost(len(raw)))
-		e = protowire.AppendTag(e, fieldSnapInstances, protowire.BytesType)
-		p.elems[i] = protowire.AppendBytes(e, raw)
+		if e == nil {
+			raw, err := proto.Marshal(in)
+			if err != nil {
+				return nil, fmt.Errorf("encode instance %s/%s: %w", in.GetService(), in.GetId(), err)
+			}
+			e = make([]byte, 0, chunk.Cost(len(raw)))
+			e = protowire.AppendTag(e, fieldSnapInstances, protowire.BytesType)
+			e = protowire.AppendBytes(e, raw)
+		}
+		p.elems[i] = e
 	}
 	return p, nil
 }
@@ -224,8 +307,32 @@ func (sb *snapshotBody) each(f func(e []byte)) {
 // maxBytes each (an element larger than that alone goes alone), always at
 // least one, the last with more=false.
 func (sb *snapshotBody) chunks(b cache.Batch, maxBytes int) [][]byte {
-	// Everything in a chunk but its elements and the length of the
-	// Snapshot field: revision, epoch, the Snapshot tag and its flags.
+	k := kindFrame{field: fieldWatchSnapshot, more: fieldSnapMore,
+		flags: []flagField{{fieldSnapReset, b.Reset}, {fieldSnapNewEpoch, b.NewEpoch}}}
+	return frameChunks(b, k, sb.each, maxBytes)
+}
+
+// kindFrame is how a unit of one kind is framed: the WatchResponse field
+// that holds it, and the bool fields written after its elements, in field
+// order (more last, set on every chunk but the last).
+type kindFrame struct {
+	field protowire.Number
+	flags []flagField
+	more  protowire.Number
+}
+
+type flagField struct {
+	num protowire.Number
+	on  bool
+}
+
+// frameChunks frames the elements each yields (each one a field 1 of the
+// kind's message: tag, length, bytes) as chunks of at most maxBytes each
+// (an element larger than that alone goes alone), always at least one.
+func frameChunks(b cache.Batch, k kindFrame, each func(func([]byte)), maxBytes int) [][]byte {
+	flagsAtMost := (len(k.flags) + 1) * boolFieldSize
+	// Everything in a chunk but its elements and the length of the kind's
+	// field: revision, epoch, the kind's tag and its flags.
 	head := 0
 	if b.Revision != 0 {
 		head += 1 + protowire.SizeVarint(uint64(b.Revision))
@@ -233,18 +340,18 @@ func (sb *snapshotBody) chunks(b cache.Batch, maxBytes int) [][]byte {
 	if b.Epoch != "" {
 		head += 1 + protowire.SizeBytes(len(b.Epoch))
 	}
-	head += 1 + snapshotFlagsAtMost
+	head += 1 + flagsAtMost
 	var (
 		out   [][]byte
 		cur   [][]byte // the elements of the chunk being filled
 		used  int      // their size
 		flush = func(more bool) {
-			out = append(out, frame(b, cur, used, more))
+			out = append(out, frame(b, k, cur, used, more))
 			cur, used = cur[:0], 0
 		}
 	)
-	sb.each(func(e []byte) {
-		inner := used + len(e) + snapshotFlagsAtMost
+	each(func(e []byte) {
+		inner := used + len(e) + flagsAtMost
 		if len(cur) > 0 && head+protowire.SizeVarint(uint64(inner))+used+len(e) > maxBytes {
 			flush(true)
 		}
@@ -256,12 +363,15 @@ func (sb *snapshotBody) chunks(b cache.Batch, maxBytes int) [][]byte {
 }
 
 // frame writes one chunk of elems, of size used in all.
-func frame(b cache.Batch, elems [][]byte, used int, more bool) []byte {
+func frame(b cache.Batch, k kindFrame, elems [][]byte, used int, more bool) []byte {
 	inner := used
-	for _, f := range []bool{b.Reset, b.NewEpoch, more} {
-		if f {
+	for _, f := range k.flags {
+		if f.on {
 			inner += boolFieldSize
 		}
+	}
+	if more {
+		inner += boolFieldSize
 	}
 	size := 1 + protowire.SizeVarint(uint64(inner)) + inner
 	if b.Revision != 0 {
@@ -275,15 +385,12 @@ func frame(b cache.Batch, elems [][]byte, used int, more bool) []byte {
 		w = protowire.AppendTag(w, fieldWatchRevision, protowire.VarintType)
 		w = protowire.AppendVarint(w, uint64(b.Revision))
 	}
-	w = protowire.AppendTag(w, fieldWatchSnapshot, protowire.BytesType)
+	w = protowire.AppendTag(w, k.field, protowire.BytesType)
 	w = protowire.AppendVarint(w, uint64(inner))
 	for _, e := range elems {
 		w = append(w, e...)
 	}
-	for _, f := range []struct {
-		num protowire.Number
-		on  bool
-	}{{fieldSnapReset, b.Reset}, {fieldSnapNewEpoch, b.NewEpoch}, {fieldSnapMore, more}} {
+	for _, f := range append(k.flags, flagField{k.more, more}) {
 		if f.on {
 			w = protowire.AppendTag(w, f.num, protowire.VarintType)
 			w = protowire.AppendVarint(w, 1)

@@ -29,7 +29,7 @@ func TestSnapshotChunksFromStoredBytes(t *testing.T) {
 		insts = append(insts, sized(i, (i*397)%1500))
 	}
 	insts = append(insts, sized(99, 5000)) // larger than a chunk: goes alone
-	body, err := newBody([][]*registryv1.Instance{insts}, nil)
+	body, err := newBody([][]*registryv1.Instance{insts}, nil, nil, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestSnapshotChunksFromStoredBytes(t *testing.T) {
 		}
 	}
 	// An empty snapshot is one chunk.
-	empty, _ := newBody(nil, nil)
+	empty, _ := newBody(nil, nil, nil, "", 0)
 	if c := empty.chunks(cache.Batch{Revision: 3, Epoch: "e", Snapshot: true}, maxBytes); len(c) != 1 {
 		t.Fatalf("empty snapshot in %d chunks", len(c))
 	}
@@ -99,12 +99,12 @@ func TestSnapshotChunksFromStoredBytes(t *testing.T) {
 func TestBodyReusesUnchangedInstances(t *testing.T) {
 	a, b, c := sized(1, 10), sized(2, 10), sized(3, 10)
 	users := []*registryv1.Instance{inst("users", "u1", 1), inst("users", "u2", 1)}
-	first, err := newBody([][]*registryv1.Instance{{a, b}, users}, nil)
+	first, err := newBody([][]*registryv1.Instance{{a, b}, users}, nil, nil, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b2 := sized(2, 20)
-	second, err := newBody([][]*registryv1.Instance{{a, b2, c}, users}, first)
+	second, err := newBody([][]*registryv1.Instance{{a, b2, c}, users}, first, nil, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
