@@ -3,8 +3,13 @@ package fanout
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/mem"
 
@@ -79,4 +84,68 @@ func benchInst(i, v int) *registryv1.Instance {
 		Version: fmt.Sprint("v", v), Weight: 100, Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING,
 		Metadata:    map[string]string{"team": "core", "build": "2026-12-01T12:00:00Z", "region": "eu-west-1"},
 		ModRevision: int64(v + 2), CreateRevision: 2}
+}
+
+// BenchmarkQuietServices: 1,000 subscribers over 100 services, each read
+// by its own goroutine as a stream does, while transactions, 2ms apart
+// (500 a second), change one other service. Reported: the progress
+// messages those subscribers are sent per transaction, and the CPU time
+// the process spent per transaction; "gap=0" is the hub without pacing
+// (progress to every subscriber on every tick), "gap=default" the hub as
+// regnode runs it (Config.ProgressGap).
+func BenchmarkQuietServices(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		gap  time.Duration
+	}{{"gap=0", time.Nanosecond}, {"gap=default", 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			const S, K = 1000, 100
+			h := newHub(Config{RingSize: 1 << 20, QueueSize: 1 << 20, CatchUpTimeout: time.Second, ProgressGap: bc.gap,
+				Logger: slog.New(slog.DiscardHandler)})
+			defer h.beats.close()
+			mustApply(b, h, cache.Batch{Revision: 1, Snapshot: true, Epoch: "e1", Instances: []*registryv1.Instance{benchInst(0, 0)}})
+			ctx, cancel := context.WithCancel(context.Background())
+			var (
+				msgs atomic.Int64
+				wg   sync.WaitGroup
+			)
+			for i := range S {
+				s := subscribe(b, h, fmt.Sprintf("svc-%02d", i%K), 0)
+				next(b, s)
+				wg.Go(func() {
+					for {
+						if _, err := s.Next(ctx); err != nil {
+							return
+						}
+						msgs.Add(1)
+					}
+				})
+			}
+			cpu0 := processCPU(b)
+			b.ResetTimer()
+			for i := range b.N {
+				in := benchInst(i%20, i)
+				if err := h.apply(cache.Batch{Revision: int64(i + 2), Events: []cache.Event{
+					{Type: cache.Put, Service: "orders", ID: in.Id, Instance: in}}}); err != nil {
+					b.Fatal(err)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			b.StopTimer()
+			cpu := processCPU(b) - cpu0
+			cancel()
+			wg.Wait()
+			b.ReportMetric(float64(msgs.Load())/float64(b.N), "quiet-msgs/change")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/change")
+		})
+	}
+}
+
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -21,8 +21,9 @@
 // touches: subscribers are indexed by service, the transaction's unit is
 // pushed to the subscribers of the services it touches only (outside the
 // hub's lock, under that service's), subscribers of other services learn
-// the new revision from one published progress, and a resume finds its
-// place in the ring by binary search and reads it outside the lock.
+// the new revision from one shared progress, paced (at most one per
+// Config.ProgressGap, see beat.go), and a resume finds its place in the
+// ring by binary search and reads it outside the lock.
 package fanout
 
 import (
@@ -79,6 +80,11 @@ type Config struct {
 	// ProgressInterval is the watcher's (watch.Config.ProgressInterval;
 	// 0: its default, 1s).
 	ProgressInterval time.Duration
+	// ProgressGap is the least time between two progress messages a
+	// subscriber gets because other services changed (0: 200ms; see
+	// beat.go). It bounds how stale a quiet service's revision is while
+	// the registry moves; it never delays a change of the service itself.
+	ProgressGap time.Duration
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 	// Hooks for metrics; any may be nil.
@@ -95,7 +101,7 @@ type Config struct {
 // DefaultConfig is a Config with every default but the client.
 func DefaultConfig() Config {
 	return Config{Prefix: record.DefaultPrefix, RingSize: 10000, QueueSize: 1024, CatchUpTimeout: 2 * time.Second,
-		ProgressInterval: watch.DefaultConfig().ProgressInterval}
+		ProgressInterval: watch.DefaultConfig().ProgressInterval, ProgressGap: 200 * time.Millisecond}
 }
 
 // withDefaults is c with its zero fields set to DefaultConfig's: the one
@@ -116,6 +122,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ProgressInterval == 0 {
 		c.ProgressInterval = d.ProgressInterval
+	}
+	if c.ProgressGap == 0 {
+		c.ProgressGap = d.ProgressGap
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -141,6 +150,8 @@ func (c Config) Validate() error {
 		return bad("CatchUpTimeout", c.CatchUpTimeout)
 	case c.ProgressInterval < 0:
 		return bad("ProgressInterval", c.ProgressInterval)
+	case c.ProgressGap < 0:
+		return bad("ProgressGap", c.ProgressGap)
 	}
 	return nil
 }
@@ -164,6 +175,9 @@ type Hub struct {
 	// apply after the transaction's units are queued, so a subscriber
 	// that sees it has every unit up to its revision queued.
 	tick atomic.Pointer[tick]
+	// beats paces the tick for the subscribers of services a transaction
+	// did not touch (beat.go).
+	beats *beater
 
 	mu struct {
 		sync.Mutex
@@ -213,6 +227,7 @@ func newHub(cfg Config) *Hub {
 	h := &Hub{cfg: cfg, log: cfg.Logger, cache: cache.New(), store: newStore(), ready: make(chan struct{})}
 	h.mu.feeds = map[string]*feed{}
 	h.tick.Store(&tick{progress: &Unit{}, changed: make(chan struct{})})
+	h.beats = newBeater(cfg.withDefaults().ProgressGap, h.tick.Load)
 	return h
 }
 
@@ -241,6 +256,7 @@ func (h *Hub) Run(ctx context.Context) error {
 	}
 	t := h.tick.Load()
 	h.publish(t.rev, t.epoch, t.confirms) // wakes Subscribe's waiters: closed
+	h.beats.close()
 	return err
 }
 
@@ -251,6 +267,7 @@ func (h *Hub) publish(rev int64, ep string, confirms uint64) {
 		progress: &Unit{b: cache.Batch{Revision: rev, Epoch: ep}}}
 	old := h.tick.Swap(next)
 	close(old.changed)
+	h.beats.offer()
 }
 
 // apply is the watcher's delivery. Under h.mu: the cache, the ring, and

@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -433,5 +434,91 @@ func TestOnSubscribersInOrderOfChanges(t *testing.T) {
 	}
 	if seen[len(seen)-1] != 0 {
 		t.Fatalf("last count %d after every subscriber left", seen[len(seen)-1])
+	}
+}
+
+// poll is s's next unit if one is ready now, or nil.
+func poll(t *testing.T, s *Sub) *Unit {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	u, err := s.Next(ctx)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// Transactions of one service cost its own subscribers one unit each and
+// the subscribers of other services nothing until the next beat: a
+// hundred changes to users send orders' subscriber no progress while the
+// gap lasts (it was one progress message per change).
+func TestProgressPacedForOtherServices(t *testing.T) {
+	h := newHub(Config{RingSize: 1000, QueueSize: 1024, CatchUpTimeout: time.Second, ProgressGap: time.Hour,
+		Logger: slog.New(slog.DiscardHandler)})
+	defer h.beats.close()
+	mustApply(t, h, cache.Batch{Revision: 1, Snapshot: true, Epoch: "e1"}) // the first beat: at once
+	orders, users := subscribe(t, h, "orders", 0), subscribe(t, h, "users", 0)
+	for _, s := range []*Sub{orders, users} {
+		if u := next(t, s); !u.Batch().Snapshot {
+			t.Fatalf("first unit %+v, want the snapshot", u.Batch())
+		}
+	}
+	const n = 100
+	for i := range n {
+		mustApply(t, h, cache.Batch{Revision: int64(2 + i), Events: []cache.Event{put("users", "u", i)}})
+	}
+	for i := range n {
+		u := poll(t, users)
+		if u == nil || len(u.Batch().Events) != 1 || u.Revision() != int64(2+i) {
+			t.Fatalf("users' unit %d: %+v, want its transaction at %d", i, u, 2+i)
+		}
+	}
+	if u := poll(t, orders); u != nil {
+		t.Fatalf("orders got %+v within the gap after %d transactions of users, want nothing", u.Batch(), n)
+	}
+	// Its own change is never paced.
+	mustApply(t, h, cache.Batch{Revision: n + 2, Events: []cache.Event{put("orders", "o", 1)}})
+	if u := poll(t, orders); u == nil || len(u.Batch().Events) != 1 || u.Revision() != n+2 {
+		t.Fatalf("orders' own transaction: %+v", u)
+	}
+}
+
+// The beat carries the latest tick: after a burst, a subscriber of a
+// quiet service hears progress at the hub's last revision, shared by
+// every subscriber of every quiet service.
+func TestProgressBeatCarriesLatest(t *testing.T) {
+	h := newHub(Config{RingSize: 1000, QueueSize: 1024, CatchUpTimeout: time.Second, ProgressGap: 10 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler)})
+	defer h.beats.close()
+	mustApply(t, h, cache.Batch{Revision: 1, Snapshot: true, Epoch: "e1"})
+	a, b := subscribe(t, h, "a", 0), subscribe(t, h, "b", 0)
+	next(t, a)
+	next(t, b)
+	const last = 51
+	for rev := int64(2); rev <= last; rev++ {
+		mustApply(t, h, cache.Batch{Revision: rev, Events: []cache.Event{put("users", "u", int(rev))}})
+	}
+	var seen []int64
+	for {
+		u := next(t, a)
+		if u.Batch().Snapshot || len(u.Batch().Events) != 0 {
+			t.Fatalf("a quiet service got %+v", u.Batch())
+		}
+		seen = append(seen, u.Revision())
+		if u.Revision() == last {
+			if v := next(t, b); v.Revision() != last {
+				t.Fatalf("b's progress at %d, a's at %d", v.Revision(), last)
+			}
+			break
+		}
+	}
+	for i := 1; i < len(seen); i++ {
+		if seen[i] <= seen[i-1] {
+			t.Fatalf("progress revisions %v not increasing", seen)
+		}
 	}
 }

@@ -105,9 +105,11 @@ func (s *Sub) Next(ctx context.Context) (*Unit, error) {
 		return u, nil
 	}
 	for {
-		// The tick before the queue: once a tick is published, every unit
-		// up to its revision is queued, so progress at it skips nothing.
-		t := s.h.tick.Load()
+		// The beat before the queue: once a tick is published, every unit
+		// up to its revision is queued, so progress at a beat's tick (a
+		// tick published earlier) skips nothing.
+		b := s.h.beats.load()
+		t := b.t
 		s.mu.Lock()
 		if s.mu.err != nil {
 			err := s.mu.err
@@ -147,7 +149,7 @@ func (s *Sub) Next(ctx context.Context) (*Unit, error) {
 			return u, nil
 		}
 		s.mu.Unlock()
-		// Nothing queued: progress, when the hub moved on (a transaction
+		// Nothing queued: progress, when the beat moved on (transactions
 		// of other services) or etcd confirmed the view; a progress at
 		// the same revision still goes out: it confirms the view.
 		if t.epoch == s.epoch && (t.rev > s.sent || t.rev == s.sent && t.confirms > s.confirms) {
@@ -157,7 +159,7 @@ func (s *Sub) Next(ctx context.Context) (*Unit, error) {
 		select {
 		case <-s.notify:
 		case <-s.done:
-		case <-t.changed:
+		case <-b.changed:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
