@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -72,7 +73,7 @@ type Config struct {
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
 	// OnJunk, if set, is called for every record that is not a valid
-	// instance.
+	// instance (from Run's goroutine, or the one decoding a list).
 	OnJunk func(key string, err error)
 	// EpochKey, if set, is where the epoch of the history lives (see
 	// internal/epoch): every snapshot carries the epoch it was read at, the
@@ -298,20 +299,55 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 
 // read lists the prefix page by page at one revision, and the epoch at the
 // same revision.
+//
+// The records are decoded by a goroutine of read's, a page behind the
+// reading: etcd serves the next page while this one is decoded, instead
+// of one after the other.
 func (w *Watcher) read(ctx context.Context) (l listing, err error) {
-	var header *etcdserverpb.ResponseHeader
-	l.rev, header, err = etcdread.Range(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.prefix, 0, w.cfg.PageSize, func(kv *mvccpb.KeyValue) {
-		if kv.ModRevision > l.newest.rev {
-			l.newest = markOf(kv)
+	var (
+		pages   = make(chan []*mvccpb.KeyValue, 2)
+		decoded = make(chan struct{})
+		failed  atomic.Bool // the read failed: decoding the rest is waste
+		got     listing     // the decoder's: read once decoded is closed
+	)
+	go func() {
+		defer close(decoded)
+		for page := range pages {
+			if failed.Load() {
+				continue
+			}
+			for _, kv := range page {
+				if kv.ModRevision > got.newest.rev {
+					got.newest = markOf(kv)
+				}
+				if in, e := w.decode(kv); in != nil {
+					got.insts = append(got.insts, in)
+					got.encoded = append(got.encoded, e)
+				}
+			}
 		}
-		if in, e := w.decode(kv); in != nil {
-			l.insts = append(l.insts, in)
-			l.encoded = append(l.encoded, e)
+	}()
+	var (
+		header *etcdserverpb.ResponseHeader
+		page   []*mvccpb.KeyValue
+	)
+	l.rev, header, err = etcdread.Range(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.prefix, 0, w.cfg.PageSize, func(kv *mvccpb.KeyValue) {
+		page = append(page, kv)
+		if int64(len(page)) >= w.cfg.PageSize {
+			pages <- page
+			page = nil
 		}
 	})
+	failed.Store(err != nil)
+	if len(page) > 0 {
+		pages <- page
+	}
+	close(pages)
+	<-decoded
 	if err != nil {
 		return listing{}, err
 	}
+	l.insts, l.encoded, l.newest = got.insts, got.encoded, got.newest
 	l.cid = header.ClusterId
 	if w.cfg.EpochKey != "" {
 		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), w.cfg.EpochKey, clientv3.WithRev(l.rev))
