@@ -5,8 +5,6 @@ import (
 	"strings"
 	"sync"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/regcluster/registry/cache"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -30,6 +28,7 @@ const maxPending = 1 << 14
 // a record is matched otherwise is reset, where the cache keeps its old
 // *Instance for a record the snapshot brings again (same key, same mod
 // and create revision within one epoch: the same put, so the same bytes).
+// A feed encodes what the store does not hold, as it would without one.
 type store struct {
 	mu      sync.Mutex
 	epoch   string
@@ -112,9 +111,8 @@ func groupEncoded(b cache.Batch) map[string][]encodedInst {
 // matchPart returns the part of cached (the cache's instances of one
 // service, sorted by id) whose elements got holds, or nil if none. An
 // instance takes the element of got's entry for its id when it is that
-// entry's instance or the same record: the cache keeps its old *Instance
-// for a record the snapshot brings again, judged by mod revision within an
-// epoch and by content across one (newEpoch), and so does this.
+// entry's instance or the same record (see sameRecord): the cache keeps
+// its old *Instance for a record the snapshot brings again.
 func matchPart(cached []*registryv1.Instance, got []encodedInst, newEpoch bool) *bodyPart {
 	elems := make([][]byte, len(cached))
 	n, j := 0, 0
@@ -144,18 +142,19 @@ func matchPart(cached []*registryv1.Instance, got []encodedInst, newEpoch bool) 
 }
 
 // sameRecord reports whether the cache's instance a is the record b of a
-// snapshot (same key, both): the same pointer, or within one epoch the
-// same put (mod and create revision), or across epochs equal content.
+// snapshot, both of one key (matchPart walks by id within one service):
+// the same pointer, or within one epoch the same put (same mod and create
+// revision). Across epochs (newEpoch) only the pointer: the
+// cache compares content there, and doing it again for every record under
+// the hub's lock would cost more than encoding the few a restore keeps.
 func sameRecord(a, b *registryv1.Instance, newEpoch bool) bool {
 	switch {
 	case a == b:
 		return true
-	case a.Service != b.Service || a.Id != b.Id:
+	case newEpoch:
 		return false
-	case !newEpoch:
-		return a.ModRevision != 0 && a.ModRevision == b.ModRevision && a.CreateRevision == b.CreateRevision
 	}
-	return proto.Equal(a, b)
+	return a.ModRevision != 0 && a.ModRevision == b.ModRevision && a.CreateRevision == b.CreateRevision
 }
 
 // put remembers the elements of the puts of b, a transaction the cache

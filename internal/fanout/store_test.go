@@ -197,7 +197,7 @@ func TestRelistAndPutsForwardStoredBytes(t *testing.T) {
 // The store gives the cache's instance the element of the snapshot's
 // record for its id only when it is that record: the same pointer, or
 // (the cache keeps its own pointer for a record brought again) the same
-// mod and create revision within an epoch, or equal content across one.
+// mod and create revision within an epoch; across epochs, the pointer.
 func TestStoreMatchesOnlyTheSameRecord(t *testing.T) {
 	e := func(s string) []byte { return []byte(s) }
 	a := rec("orders", "a", 1, 2, 5)
@@ -214,7 +214,8 @@ func TestStoreMatchesOnlyTheSameRecord(t *testing.T) {
 		{"another create revision", a, rec("orders", "a", 1, 3, 5), false, false},
 		{"no revision", rec("orders", "a", 1, 0, 0), rec("orders", "a", 1, 0, 0), false, false},
 		{"new epoch, same revisions, other content", a, rec("orders", "a", 2, 2, 5), true, false},
-		{"new epoch, equal content", a, rec("orders", "a", 1, 2, 5), true, true},
+		{"new epoch, equal content", a, rec("orders", "a", 1, 2, 5), true, false},
+		{"another id", a, rec("orders", "b", 1, 2, 5), false, false},
 		{"new epoch, same pointer", a, a, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
