@@ -56,12 +56,13 @@ func newStore() *store {
 // reset replaces everything with the elements of b, a snapshot the cache
 // accepted, whose result is snap: each service's part holds snap's
 // instances that b brought with an element (all of them, from the
-// watcher). Called by the hub's apply only, after the cache took b.
+// watcher). Called by the hub's apply only, after the cache took b, with
+// Hub.mu held: O(instances) without an allocation per instance.
 func (st *store) reset(snap *cache.Snapshot, b cache.Batch) {
 	parts := map[string]storedPart{}
 	if len(b.Encoded) == len(b.Instances) {
-		for svc, got := range groupEncoded(b) {
-			if p := matchPart(snap.Instances(svc), got, b.NewEpoch); p != nil {
+		for svc, r := range runsOf(b) {
+			if p := matchPart(snap.Instances(svc), r, b.NewEpoch); p != nil {
 				parts[svc] = storedPart{p: p, rev: b.Revision}
 			}
 		}
@@ -73,39 +74,72 @@ func (st *store) reset(snap *cache.Snapshot, b cache.Batch) {
 	st.npend = 0
 }
 
-// encodedInst is one instance of a snapshot batch with its element.
-type encodedInst struct {
-	inst *registryv1.Instance
-	elem []byte
+// run is one service's instances of a snapshot batch, sorted by id, each
+// id once, with their elements (nil: none), parallel.
+type run struct {
+	insts []*registryv1.Instance
+	elems [][]byte
 }
 
-// groupEncoded returns b's instances that carry an element, by service,
-// each service's sorted by id with only the last of a repeated id (the
-// cache's rule). etcd lists a prefix in key order, so each service is
-// already one sorted run: the sort is a check.
-func groupEncoded(b cache.Batch) map[string][]encodedInst {
-	by := map[string][]encodedInst{}
+// runsOf returns b's instances by service. etcd lists a prefix in key
+// order, so each service is one run of b already sorted by id: the runs
+// are then slices of b itself. Anything else (a service in two runs, ids
+// out of order or repeated, a nil entry) is sorted out in a copy, the
+// last of a repeated id winning as in the cache. (An entry without a key
+// matches nothing: the cache holds none.)
+func runsOf(b cache.Batch) map[string]run {
+	runs := map[string]run{}
+	for i := 0; i < len(b.Instances); {
+		in := b.Instances[i]
+		if in == nil {
+			return sortedRuns(b)
+		}
+		k := i + 1
+		for k < len(b.Instances) {
+			next := b.Instances[k]
+			if next == nil || next.Service != in.Service {
+				break
+			}
+			if next.Id <= b.Instances[k-1].Id {
+				return sortedRuns(b)
+			}
+			k++
+		}
+		if _, ok := runs[in.Service]; ok {
+			return sortedRuns(b)
+		}
+		runs[in.Service] = run{insts: b.Instances[i:k:k], elems: b.Encoded[i:k:k]}
+		i = k
+	}
+	return runs
+}
+
+// sortedRuns is runsOf's slow path, for a batch not in key order.
+func sortedRuns(b cache.Batch) map[string]run {
+	type entry struct {
+		inst *registryv1.Instance
+		elem []byte
+	}
+	by := map[string][]entry{}
 	for i, in := range b.Instances {
-		if in == nil || in.Service == "" || in.Id == "" || b.Encoded[i] == nil {
+		if in == nil {
 			continue
 		}
-		by[in.Service] = append(by[in.Service], encodedInst{in, b.Encoded[i]})
+		by[in.Service] = append(by[in.Service], entry{in, b.Encoded[i]})
 	}
+	runs := make(map[string]run, len(by))
 	for svc, l := range by {
-		cmp := func(a, b encodedInst) int { return strings.Compare(a.inst.Id, b.inst.Id) }
-		if !slices.IsSortedFunc(l, cmp) {
-			slices.SortStableFunc(l, cmp)
-		}
-		out := l[:0]
+		slices.SortStableFunc(l, func(a, b entry) int { return strings.Compare(a.inst.Id, b.inst.Id) })
+		var r run
 		for i, e := range l {
 			if i+1 < len(l) && l[i+1].inst.Id == e.inst.Id {
 				continue // a later one of the same id wins
 			}
-			out = append(out, e)
+			r.insts, r.elems = append(r.insts, e.inst), append(r.elems, e.elem)
 		}
-		by[svc] = out
+		runs[svc] = r
 	}
-	return by
+	return runs
 }
 
 // matchPart returns the part of cached (the cache's instances of one
@@ -113,15 +147,17 @@ func groupEncoded(b cache.Batch) map[string][]encodedInst {
 // instance takes the element of got's entry for its id when it is that
 // entry's instance or the same record (see sameRecord): the cache keeps
 // its old *Instance for a record the snapshot brings again.
-func matchPart(cached []*registryv1.Instance, got []encodedInst, newEpoch bool) *bodyPart {
+func matchPart(cached []*registryv1.Instance, got run, newEpoch bool) *bodyPart {
 	elems := make([][]byte, len(cached))
 	n, j := 0, 0
 	for i, in := range cached {
-		for j < len(got) && got[j].inst.Id < in.Id {
-			j++
+		if j < len(got.insts) && got.insts[j].Id != in.Id {
+			for j < len(got.insts) && got.insts[j].Id < in.Id {
+				j++
+			}
 		}
-		if j < len(got) && got[j].inst.Id == in.Id && sameRecord(in, got[j].inst, newEpoch) {
-			elems[i] = got[j].elem
+		if j < len(got.insts) && got.insts[j].Id == in.Id && got.elems[j] != nil && sameRecord(in, got.insts[j], newEpoch) {
+			elems[i] = got.elems[j]
 			n++
 		}
 	}

@@ -219,24 +219,44 @@ func TestStoreMatchesOnlyTheSameRecord(t *testing.T) {
 		{"new epoch, same pointer", a, a, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := matchPart([]*registryv1.Instance{c.cached}, []encodedInst{{c.got, e("x")}}, c.newEpoch)
+			p := matchPart([]*registryv1.Instance{c.cached}, run{[]*registryv1.Instance{c.got}, [][]byte{e("x")}}, c.newEpoch)
 			if got := p != nil; got != c.match {
 				t.Fatalf("matched %v, want %v", got, c.match)
 			}
 		})
 	}
-	// A partial match keeps only what matched, on the cache's pointers.
-	b, c := rec("orders", "b", 1, 3, 6), rec("orders", "c", 1, 4, 7)
-	p := matchPart([]*registryv1.Instance{a, b, c},
-		[]encodedInst{{rec("orders", "a", 1, 2, 5), e("a")}, {rec("orders", "b", 2, 3, 9), e("b")}, {c, e("c")}}, false)
+	// A partial match keeps only what matched, on the cache's pointers; an
+	// entry without an element matches nothing.
+	b, c, d := rec("orders", "b", 1, 3, 6), rec("orders", "c", 1, 4, 7), rec("orders", "d", 1, 5, 8)
+	p := matchPart([]*registryv1.Instance{a, b, c, d}, run{
+		[]*registryv1.Instance{rec("orders", "a", 1, 2, 5), rec("orders", "b", 2, 3, 9), c, d},
+		[][]byte{e("a"), e("b"), e("c"), nil}}, false)
 	if p == nil || len(p.insts) != 2 || p.insts[0] != a || p.insts[1] != c || string(p.elems[0]) != "a" || string(p.elems[1]) != "c" {
 		t.Fatalf("partial match: %+v", p)
 	}
-	// A batch naming an id twice: the last one is the record.
+	if p := matchPart([]*registryv1.Instance{a}, run{[]*registryv1.Instance{a}, [][]byte{nil}}, false); p != nil {
+		t.Fatalf("an entry without an element matched: %+v", p)
+	}
+	// Key order (what etcd lists): each service's run is b itself.
+	u := rec("users", "u", 1, 9, 9)
+	inOrder := cache.Batch{Instances: []*registryv1.Instance{a, b, c, u}, Encoded: [][]byte{e("a"), e("b"), e("c"), e("u")}}
+	r := runsOf(inOrder)
+	if len(r) != 2 || len(r["orders"].insts) != 3 || &r["orders"].insts[0] != &inOrder.Instances[0] ||
+		&r["users"].elems[0] != &inOrder.Encoded[3] {
+		t.Fatalf("runs of a batch in key order: %+v", r)
+	}
+	// Anything else is sorted, and of an id named twice the last wins.
 	a2 := rec("orders", "a", 2, 2, 8)
-	g := groupEncoded(cache.Batch{Instances: []*registryv1.Instance{a, b, a2, nil}, Encoded: [][]byte{e("a"), e("b"), e("a2"), e("nil")}})
-	if l := g["orders"]; len(l) != 2 || l[0].inst != a2 || string(l[0].elem) != "a2" || l[1].inst != b {
-		t.Fatalf("grouped %+v", g)
+	for name, bt := range map[string]cache.Batch{
+		"repeated id":           {Instances: []*registryv1.Instance{a, a2, b, c}, Encoded: [][]byte{e("a"), e("a2"), e("b"), e("c")}},
+		"out of order":          {Instances: []*registryv1.Instance{b, a2, c}, Encoded: [][]byte{e("b"), e("a2"), e("c")}},
+		"a service in two runs": {Instances: []*registryv1.Instance{a2, u, b, c}, Encoded: [][]byte{e("a2"), e("u"), e("b"), e("c")}},
+		"a nil entry":           {Instances: []*registryv1.Instance{a, nil, a2, b, c}, Encoded: [][]byte{e("a"), e("nil"), e("a2"), e("b"), e("c")}},
+	} {
+		o := runsOf(bt)["orders"]
+		if len(o.insts) != 3 || o.insts[0] != a2 || string(o.elems[0]) != "a2" || o.insts[1] != b || string(o.elems[1]) != "b" || o.insts[2] != c {
+			t.Fatalf("%s: orders' run is %+v", name, o)
+		}
 	}
 	// A batch without its elements (or with them misaligned) stores none.
 	st := newStore()
