@@ -1623,7 +1623,11 @@ type WatchRequest struct {
 	// epoch of from_revision (WatchResponse.epoch of the view). A regnode on
 	// another epoch answers with a new_epoch reset snapshot. Empty: the
 	// revision is taken to be of this regnode's epoch.
-	Epoch         string `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch string `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// subscriber names the client (e.g. host/pid) in drain reports, as
+	// SubscribeRequest.subscriber does. A Watch stream acknowledges nothing:
+	// WaitApplied counts it by the revisions the regnode has sent it.
+	Subscriber    string `protobuf:"bytes,4,opt,name=subscriber,proto3" json:"subscriber,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1675,6 +1679,13 @@ func (x *WatchRequest) GetFromRevision() int64 {
 func (x *WatchRequest) GetEpoch() string {
 	if x != nil {
 		return x.Epoch
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetSubscriber() string {
+	if x != nil {
+		return x.Subscriber
 	}
 	return ""
 }
@@ -2871,12 +2882,17 @@ func (x *WaitAppliedRequest) GetLocal() bool {
 	return false
 }
 
-// Laggard is one live subscriber that has not applied the revision.
+// Laggard is one live subscriber that has not applied the revision (in
+// NodeApplied.laggards), or one Watch stream that has not been sent it (in
+// NodeApplied.watch_laggards).
 type Laggard struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Subscriber    string                 `protobuf:"bytes,1,opt,name=subscriber,proto3" json:"subscriber,omitempty"` // as the client named itself
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`             // its address as the regnode sees it
-	Revision      int64                  `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`    // the revision it acknowledged last
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Subscriber string                 `protobuf:"bytes,1,opt,name=subscriber,proto3" json:"subscriber,omitempty"` // as the client named itself ("" if it did not)
+	Peer       string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`             // its address as the regnode sees it
+	// the revision it acknowledged last; of a Watch stream, the highest
+	// revision the regnode has handed to its transport for it (or its
+	// resume point, if higher)
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2934,13 +2950,23 @@ func (x *Laggard) GetRevision() int64 {
 
 // NodeApplied is one regnode's part of a WaitApplied answer.
 type NodeApplied struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	Subscribers   int64                  `protobuf:"varint,3,opt,name=subscribers,proto3" json:"subscribers,omitempty"` // live subscribers of the service
-	Pending       int64                  `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"`         // of those, how many have not applied it
-	Laggards      []*Laggard             `protobuf:"bytes,5,rep,name=laggards,proto3" json:"laggards,omitempty"`
-	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"` // the regnode could not be asked: its count is unknown
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Address string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// live subscribers of the service that acknowledge what they applied
+	// (services followed on Subscribe streams)
+	Subscribers int64      `protobuf:"varint,3,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
+	Pending     int64      `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"` // of those, how many have not applied it
+	Laggards    []*Laggard `protobuf:"bytes,5,rep,name=laggards,proto3" json:"laggards,omitempty"`
+	Error       string     `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"` // the regnode could not be asked: its count is unknown
+	// Watch streams of the service (and of every service): live subscribers
+	// that cannot acknowledge. A Watch stream counts as done once the
+	// regnode has handed the revision to its transport (it cannot say what
+	// its client applied); one whose client does not read (paused, stuck:
+	// its sends block on flow control) is never sent it and stays pending.
+	WatchStreams  int64      `protobuf:"varint,7,opt,name=watch_streams,json=watchStreams,proto3" json:"watch_streams,omitempty"`
+	WatchPending  int64      `protobuf:"varint,8,opt,name=watch_pending,json=watchPending,proto3" json:"watch_pending,omitempty"` // of those, how many have not been sent it
+	WatchLaggards []*Laggard `protobuf:"bytes,9,rep,name=watch_laggards,json=watchLaggards,proto3" json:"watch_laggards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3017,12 +3043,37 @@ func (x *NodeApplied) GetError() string {
 	return ""
 }
 
+func (x *NodeApplied) GetWatchStreams() int64 {
+	if x != nil {
+		return x.WatchStreams
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetWatchPending() int64 {
+	if x != nil {
+		return x.WatchPending
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetWatchLaggards() []*Laggard {
+	if x != nil {
+		return x.WatchLaggards
+	}
+	return nil
+}
+
 type WaitAppliedResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Done          bool                   `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"` // every live subscriber of every regnode applied it
-	Subscribers   int64                  `protobuf:"varint,2,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
-	Pending       int64                  `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
-	Nodes         []*NodeApplied         `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// every live subscriber of every regnode applied it (acknowledged it,
+	// or, on a Watch stream, was sent it), and every regnode answered
+	Done          bool           `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"`
+	Subscribers   int64          `protobuf:"varint,2,opt,name=subscribers,proto3" json:"subscribers,omitempty"` // the sum of NodeApplied.subscribers
+	Pending       int64          `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
+	Nodes         []*NodeApplied `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	WatchStreams  int64          `protobuf:"varint,5,opt,name=watch_streams,json=watchStreams,proto3" json:"watch_streams,omitempty"` // the sum of NodeApplied.watch_streams
+	WatchPending  int64          `protobuf:"varint,6,opt,name=watch_pending,json=watchPending,proto3" json:"watch_pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3083,6 +3134,20 @@ func (x *WaitAppliedResponse) GetNodes() []*NodeApplied {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *WaitAppliedResponse) GetWatchStreams() int64 {
+	if x != nil {
+		return x.WatchStreams
+	}
+	return 0
+}
+
+func (x *WaitAppliedResponse) GetWatchPending() int64 {
+	if x != nil {
+		return x.WatchPending
+	}
+	return 0
 }
 
 // TokenScope is what a token's role applies to: one service, every
@@ -3630,11 +3695,14 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x18\n" +
 	"\askipped\x18\x03 \x01(\x03R\askipped\x12&\n" +
 	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\tR\x05epoch\"c\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epoch\"\x83\x01\n" +
 	"\fWatchRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12#\n" +
 	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\tR\x05epoch\"\x86\x01\n" +
+	"\x05epoch\x18\x03 \x01(\tR\x05epoch\x12\x1e\n" +
+	"\n" +
+	"subscriber\x18\x04 \x01(\tR\n" +
+	"subscriber\"\x86\x01\n" +
 	"\bSnapshot\x123\n" +
 	"\tinstances\x18\x01 \x03(\v2\x15.registry.v1.InstanceR\tinstances\x12\x14\n" +
 	"\x05reset\x18\x02 \x01(\bR\x05reset\x12\x1b\n" +
@@ -3736,19 +3804,24 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"subscriber\x18\x01 \x01(\tR\n" +
 	"subscriber\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x03R\brevision\"\xbf\x01\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"\xc6\x02\n" +
 	"\vNodeApplied\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12 \n" +
 	"\vsubscribers\x18\x03 \x01(\x03R\vsubscribers\x12\x18\n" +
 	"\apending\x18\x04 \x01(\x03R\apending\x120\n" +
 	"\blaggards\x18\x05 \x03(\v2\x14.registry.v1.LaggardR\blaggards\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\x95\x01\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12#\n" +
+	"\rwatch_streams\x18\a \x01(\x03R\fwatchStreams\x12#\n" +
+	"\rwatch_pending\x18\b \x01(\x03R\fwatchPending\x12;\n" +
+	"\x0ewatch_laggards\x18\t \x03(\v2\x14.registry.v1.LaggardR\rwatchLaggards\"\xdf\x01\n" +
 	"\x13WaitAppliedResponse\x12\x12\n" +
 	"\x04done\x18\x01 \x01(\bR\x04done\x12 \n" +
 	"\vsubscribers\x18\x02 \x01(\x03R\vsubscribers\x12\x18\n" +
 	"\apending\x18\x03 \x01(\x03R\apending\x12.\n" +
-	"\x05nodes\x18\x04 \x03(\v2\x18.registry.v1.NodeAppliedR\x05nodes\"\xa3\x01\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x18.registry.v1.NodeAppliedR\x05nodes\x12#\n" +
+	"\rwatch_streams\x18\x05 \x01(\x03R\fwatchStreams\x12#\n" +
+	"\rwatch_pending\x18\x06 \x01(\x03R\fwatchPending\"\xa3\x01\n" +
 	"\n" +
 	"TokenScope\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.registry.v1.TokenScope.KindR\x04kind\x12\x14\n" +
@@ -3931,51 +4004,52 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	37, // 34: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
 	53, // 35: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
 	40, // 36: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
-	41, // 37: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
-	5,  // 38: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
-	3,  // 39: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
-	43, // 40: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
-	54, // 41: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	54, // 42: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	54, // 43: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
-	3,  // 44: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
-	43, // 45: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
-	53, // 46: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	44, // 47: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
-	44, // 48: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
-	9,  // 49: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	11, // 50: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	13, // 51: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	15, // 52: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	17, // 53: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	19, // 54: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	21, // 55: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	23, // 56: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	29, // 57: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	33, // 58: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
-	39, // 59: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
-	45, // 60: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
-	47, // 61: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
-	49, // 62: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
-	10, // 63: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	12, // 64: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	14, // 65: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	16, // 66: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	18, // 67: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	20, // 68: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	22, // 69: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	28, // 70: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	32, // 71: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	38, // 72: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
-	42, // 73: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
-	46, // 74: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
-	48, // 75: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
-	50, // 76: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
-	63, // [63:77] is the sub-list for method output_type
-	49, // [49:63] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	40, // 37: registry.v1.NodeApplied.watch_laggards:type_name -> registry.v1.Laggard
+	41, // 38: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
+	5,  // 39: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
+	3,  // 40: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
+	43, // 41: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
+	54, // 42: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	54, // 43: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	54, // 44: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
+	3,  // 45: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
+	43, // 46: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
+	53, // 47: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 48: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
+	44, // 49: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
+	9,  // 50: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	11, // 51: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	13, // 52: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	15, // 53: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	17, // 54: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	19, // 55: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	21, // 56: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	23, // 57: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	29, // 58: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	33, // 59: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
+	39, // 60: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
+	45, // 61: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
+	47, // 62: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
+	49, // 63: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
+	10, // 64: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	12, // 65: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	14, // 66: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	16, // 67: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	18, // 68: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	20, // 69: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	22, // 70: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	28, // 71: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	32, // 72: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	38, // 73: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
+	42, // 74: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
+	46, // 75: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
+	48, // 76: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
+	50, // 77: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
+	64, // [64:78] is the sub-list for method output_type
+	50, // [50:64] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
