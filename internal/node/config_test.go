@@ -2,6 +2,8 @@ package node_test
 
 import (
 	"errors"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +22,18 @@ func TestConfigValidateFields(t *testing.T) {
 		bad("Listen not host:port", "Listen", func(c *C) { c.Listen = "nope" }),
 		ok("MetricsListen off", func(c *C) { c.MetricsListen = "off" }),
 		bad("MetricsListen junk", "MetricsListen", func(c *C) { c.MetricsListen = "x" }),
+		ok("AdvertiseAddress a DNS name", func(c *C) { c.AdvertiseAddress = "regnode-0.regnode-peers.ns.svc:7400" }),
+		ok("AdvertiseAddress an IPv6 address", func(c *C) { c.AdvertiseAddress = "[fd00::2]:7400" }),
+		ok("AdvertiseAddress port 65535", func(c *C) { c.AdvertiseAddress = "10.0.0.1:65535" }),
+		bad("AdvertiseAddress not host:port", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "regnode-0" }),
+		bad("AdvertiseAddress 0.0.0.0", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "0.0.0.0:7400" }),
+		bad("AdvertiseAddress ::", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "[::]:7400" }),
+		bad("AdvertiseAddress no host", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = ":7400" }),
+		bad("AdvertiseAddress port 0", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "10.0.0.1:0" }),
+		bad("AdvertiseAddress port 65536", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "10.0.0.1:65536" }),
+		bad("AdvertiseAddress port by name", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "10.0.0.1:http" }),
+		bad("AdvertiseAddress not a host name", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "bad_host:7400" }),
+		bad("AdvertiseAddress a label ending in '-'", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "regnode-.peers:7400" }),
 		bad("EtcdEndpoints empty entry", "EtcdEndpoints", func(c *C) { c.EtcdEndpoints = []string{"http://127.0.0.1:2379", " "} }),
 		ok("SessionTTL 0 (default)", func(c *C) { c.SessionTTL = 0 }),
 		ok("SessionTTL 2s", func(c *C) { c.SessionTTL = 2 * time.Second }),
@@ -57,5 +71,46 @@ func TestConfigValidateFields(t *testing.T) {
 	err := c.Validate()
 	if !errors.Is(err, peerlimit.ErrInvalidConfig) || err.Error() != "node: Config.Limits.WriteBurst must be at least 1, got 0" {
 		t.Errorf("Limits.WriteBurst 0: %v", err)
+	}
+}
+
+// The advertised host of a regnode listening on every address: the host's
+// one dialable address, IPv4 first; none or several refuse, saying which
+// and naming the flag.
+func TestAdvertiseHost(t *testing.T) {
+	ips := func(ss ...string) []net.IP {
+		var out []net.IP
+		for _, s := range ss {
+			out = append(out, net.ParseIP(s))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		listen string
+		ips    []net.IP
+		want   string // "" for a refusal
+		says   string // in the refusal
+	}{
+		{"0.0.0.0", ips("10.1.2.3"), "10.1.2.3", ""},
+		{"0.0.0.0", ips("fe80::1", "10.1.2.3", "fd00::2"), "10.1.2.3", ""},
+		{"::", ips("fe80::1", "10.1.2.3", "fd00::2"), "10.1.2.3", ""},
+		{"::", ips("fe80::1", "fd00::2"), "fd00::2", ""},
+		{"", ips("fd00::2"), "fd00::2", ""},
+		{"0.0.0.0", ips("fd00::2"), "", "no address"},
+		{"0.0.0.0", ips("fe80::1", "169.254.0.9"), "", "no address"},
+		{"0.0.0.0", nil, "", "no address"},
+		{"0.0.0.0", ips("10.1.2.3", "172.17.0.1"), "", "several addresses (10.1.2.3, 172.17.0.1)"},
+		{"::", ips("fd00::2", "fd00::3"), "", "several addresses (fd00::2, fd00::3)"},
+	} {
+		got, err := node.AdvertiseHost(tc.listen, tc.ips)
+		if tc.want != "" {
+			if err != nil || got != tc.want {
+				t.Errorf("AdvertiseHost(%q, %v) = %q, %v; want %q", tc.listen, tc.ips, got, err, tc.want)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("AdvertiseHost(%q, %v) = %q, %v; want a refusal saying %q", tc.listen, tc.ips, got, err, tc.says)
+		}
 	}
 }
