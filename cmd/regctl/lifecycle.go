@@ -29,7 +29,8 @@ service on every regnode has applied the drain: every SDK client (regctl
 watch included) acknowledges on its Subscribe stream what it applied. A
 Watch stream (an older SDK, Config.WatchPerSubscription, the HTTP API's
 watch) cannot acknowledge: it counts once its regnode has sent it the
-drain, so one whose client stopped reading holds the wait. At the timeout
+drain: one whose client stopped reading holds the wait once its regnode's
+sends to it block on flow control (after about 128 KiB). At the timeout
 it says how many have not, on which regnodes, and exits 1.`,
 		Example: `  regctl drain orders/orders-7f9c --reason "kernel upgrade"
   regctl drain orders/orders-7f9c --wait --timeout 30s`,

@@ -622,8 +622,10 @@ func (s *Server) List(ctx context.Context, req *registryv1.ListRequest) (*regist
 // The stream is a live subscriber for WaitApplied for as long as it runs,
 // one that cannot acknowledge: it counts by the highest revision handed
 // to its transport (an atomic of its own, stored after each unit; see
-// subscribers.sent), so a client that stops reading, whose sends block
-// on flow control, holds a drain's wait and is named.
+// subscribers.sent). A client that stopped reading is counted as sent
+// what fits its HTTP/2 flow-control window and the transport's write
+// quota; past that the sends block, so it holds a drain's wait and is
+// named.
 func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_WatchServer) error {
 	if s.cfg.Hub == nil {
 		return status.Error(codes.Unimplemented, "this regnode serves no subscriptions")

@@ -2962,8 +2962,10 @@ type NodeApplied struct {
 	// Watch streams of the service (and of every service): live subscribers
 	// that cannot acknowledge. A Watch stream counts as done once the
 	// regnode has handed the revision to its transport (it cannot say what
-	// its client applied); one whose client does not read (paused, stuck:
-	// its sends block on flow control) is never sent it and stays pending.
+	// its client applied). One whose client stopped reading (paused, stuck)
+	// stays pending once its HTTP/2 flow-control window is full, when the
+	// regnode's sends to it block; until then (about 128 KiB with grpc-go's
+	// default windows, more after its BDP growth) it is counted as sent.
 	WatchStreams  int64      `protobuf:"varint,7,opt,name=watch_streams,json=watchStreams,proto3" json:"watch_streams,omitempty"`
 	WatchPending  int64      `protobuf:"varint,8,opt,name=watch_pending,json=watchPending,proto3" json:"watch_pending,omitempty"` // of those, how many have not been sent it
 	WatchLaggards []*Laggard `protobuf:"bytes,9,rep,name=watch_laggards,json=watchLaggards,proto3" json:"watch_laggards,omitempty"`
