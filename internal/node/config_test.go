@@ -114,3 +114,55 @@ func TestAdvertiseHost(t *testing.T) {
 		}
 	}
 }
+
+// A regnode listening on every address advertises the host's one address
+// by default; a host with several refuses, naming the field (the flag, in
+// cmd/regnode) and the addresses; an AdvertiseAddress settles it.
+func TestValidateAdvertiseDefault(t *testing.T) {
+	c := node.DefaultConfig()
+	c.Listen, c.Insecure = "0.0.0.0:7400", true
+	defer node.SetHostIPs("192.0.2.7", "fe80::1")()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("one address: %v", err)
+	}
+	defer node.SetHostIPs("192.0.2.7", "172.17.0.1")()
+	err := c.Validate()
+	want := "node: Config.AdvertiseAddress must be set to the HOST:PORT other regnodes dial: --listen 0.0.0.0:7400 is every address of this host, " +
+		"and this host has several addresses (192.0.2.7, 172.17.0.1) and regnode cannot tell which one other regnodes dial"
+	if !errors.Is(err, node.ErrInvalidConfig) || err.Error() != want {
+		t.Fatalf("several addresses: %v\nwant %s", err, want)
+	}
+	c.Listen = "[::]:7400"
+	if err := c.Validate(); err == nil {
+		t.Fatal("several addresses, listening on ::: accepted")
+	}
+	c.AdvertiseAddress = "192.0.2.7:7400"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("several addresses and an AdvertiseAddress: %v", err)
+	}
+	c.AdvertiseAddress, c.Listen = "", "127.0.0.1:7400"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("several addresses, listening on loopback: %v", err)
+	}
+}
+
+// The address announced: AdvertiseAddress; else the listener as bound, its
+// unspecified host (Go binds 0.0.0.0 as [::]) replaced by the host's one
+// address, with the port bound.
+func TestAdvertiseFor(t *testing.T) {
+	defer node.SetHostIPs("192.0.2.7", "fd00::7")()
+	for _, tc := range []struct{ advertise, bound, want string }{
+		{"regnode-0.peers.ns.svc:7400", "[::]:7400", "regnode-0.peers.ns.svc:7400"},
+		{"", "127.0.0.1:41234", "127.0.0.1:41234"},
+		{"", "[::]:41234", "192.0.2.7:41234"},
+		{"", "0.0.0.0:7400", "192.0.2.7:7400"},
+	} {
+		if got, err := node.AdvertiseFor(tc.advertise, tc.bound); err != nil || got != tc.want {
+			t.Errorf("AdvertiseFor(%q, %q) = %q, %v; want %q", tc.advertise, tc.bound, got, err, tc.want)
+		}
+	}
+	defer node.SetHostIPs("192.0.2.7", "192.0.2.8")()
+	if got, err := node.AdvertiseFor("", "[::]:7400"); err == nil || !strings.Contains(err.Error(), "set --advertise-address") {
+		t.Errorf("several addresses: %q, %v; want a refusal naming --advertise-address", got, err)
+	}
+}

@@ -77,9 +77,11 @@ func AdvertiseHost(listenHost string, ips []net.IP) (string, error) {
 	return "", fmt.Errorf("this host has several addresses (%s) and regnode cannot tell which one other regnodes dial", strings.Join(pick, ", "))
 }
 
-// hostIPs are the addresses of this host's interfaces that are up and not
-// loopback.
-func hostIPs() ([]net.IP, error) {
+// hostIPs lists the addresses of this host's interfaces that are up and
+// not loopback (a variable so that tests can give a host several).
+var hostIPs = interfaceIPs
+
+func interfaceIPs() ([]net.IP, error) {
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return nil, fmt.Errorf("list the network interfaces: %w", err)
@@ -129,8 +131,8 @@ func (c *Config) validateAdvertise() error {
 			_, err = AdvertiseHost(host, ips)
 		}
 		if err != nil {
-			return configerr.Because(ErrInvalidConfig, "node", "AdvertiseAddress", "",
-				fmt.Errorf("--listen %s is every address of this host, which other regnodes cannot dial, and %w: set --advertise-address HOST:PORT", c.Listen, err))
+			return configerr.New(ErrInvalidConfig, "node", "AdvertiseAddress", nil,
+				fmt.Sprintf("must be set to the HOST:PORT other regnodes dial: --listen %s is every address of this host, and %v", c.Listen, err))
 		}
 		return nil
 	}
@@ -155,10 +157,15 @@ func (c *Config) validateAdvertise() error {
 // listener is bound: Config.AdvertiseAddress, or the listener's address,
 // its unspecified host replaced by AdvertiseHost's choice.
 func (n *Node) advertiseAddr() (string, error) {
-	if n.cfg.AdvertiseAddress != "" {
-		return n.cfg.AdvertiseAddress, nil
+	return advertiseFor(n.cfg.AdvertiseAddress, n.Addr())
+}
+
+// advertiseFor is advertiseAddr of a regnode whose AdvertiseAddress is
+// advertise and whose API listener is bound at addr.
+func advertiseFor(advertise, addr string) (string, error) {
+	if advertise != "" {
+		return advertise, nil
 	}
-	addr := n.Addr()
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "", fmt.Errorf("the API listener's address %q: %w", addr, err)
