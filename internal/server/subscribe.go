@@ -54,6 +54,8 @@ type muxStream struct {
 	sendMu  sync.Mutex
 	send    func(*registryv1.SubscribeResponse) error
 	sendRaw func(Encoded) error // bytes of a SubscribeResponse, sent as they are
+
+	asks *asker // AckRequests (ackask.go)
 }
 
 // MaxStreamServices bounds the services one Subscribe stream follows at
@@ -73,13 +75,22 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 		return err
 	}
 	defer release()
+	// Sent with the first message: this regnode asks for acks.
+	if err := stream.SetHeader(ackHeader()); err != nil {
+		return err
+	}
 	ms := &muxStream{peer: peerAddr(ctx), send: stream.Send,
-		sendRaw: func(b Encoded) error { return stream.SendMsg(b) }}
+		sendRaw: func(b Encoded) error { return stream.SendMsg(b) }, asks: newAsker(s.m.AckRequests.Inc)}
+	actx, stopAsks := context.WithCancel(ctx)
+	asking := make(chan struct{})
+	go func() { defer close(asking); ms.asks.run(actx, ms) }()
 	followers := map[string]*follower{}
 	defer func() {
 		for _, f := range followers {
 			s.stopFollower(f)
 		}
+		stopAsks()
+		<-asking
 	}()
 	for {
 		req, err := stream.Recv()
@@ -116,6 +127,7 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 				delete(followers, k.Remove.Service)
 			}
 		case *registryv1.SubscribeRequest_Ack:
+			s.m.Acks.Inc()
 			if f := followers[k.Ack.Service]; f != nil {
 				s.subs.ack(f, k.Ack.Revision)
 			}
@@ -313,7 +325,7 @@ func (s *Server) WaitApplied(ctx context.Context, req *registryv1.WaitAppliedReq
 // service to acknowledge rev and its Watch streams of service to be sent
 // it.
 func (s *Server) waitLocal(ctx context.Context, service string, rev int64) *registryv1.NodeApplied {
-	defer s.subs.wait(rev)()
+	defer s.subs.wait(service, rev)()
 	for {
 		n, changed := s.subs.pending(service, rev)
 		n.Node, n.Address = s.cfg.Node, s.cfg.Addr

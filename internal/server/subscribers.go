@@ -47,6 +47,12 @@ func (t *subscribers) add(f *follower) {
 		t.all = map[*follower]struct{}{}
 	}
 	t.all[f] = struct{}{}
+	// A wait in progress may be for this follower's service: ask it for
+	// the highest revision waited for (an ack of a service nobody waits
+	// for costs one message and counts for nothing).
+	if hi := t.hi.Load(); hi > f.acked && f.stream.asks != nil {
+		f.stream.asks.ask(f.service, hi)
+	}
 	t.notifyLocked()
 }
 
@@ -121,8 +127,10 @@ func (t *subscribers) sent(w *watchStream, rev int64) {
 	}
 }
 
-// wait enters a waiter for rev, until done is called.
-func (t *subscribers) wait(rev int64) (done func()) {
+// wait enters a waiter for rev of service, until done is called, and
+// asks every follower of it that has not acknowledged rev to do so (see
+// ackask.go); a follower added later is asked by add.
+func (t *subscribers) wait(service string, rev int64) (done func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.waiting == nil {
@@ -130,6 +138,11 @@ func (t *subscribers) wait(rev int64) (done func()) {
 	}
 	t.waiting[rev]++
 	t.boundsLocked()
+	for f := range t.all {
+		if (f.service == service || f.service == "") && f.acked < rev && f.stream.asks != nil {
+			f.stream.asks.ask(f.service, rev)
+		}
+	}
 	return func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()

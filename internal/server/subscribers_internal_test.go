@@ -28,7 +28,7 @@ func TestWatchSendNotifiesOnlyACrossing(t *testing.T) {
 	if closed(ch) {
 		t.Fatal("a send with nobody waiting woke the table")
 	}
-	done := tab.wait(10)
+	done := tab.wait("alpha", 10)
 	_, ch = tab.pending("alpha", 10)
 	tab.sent(w, 7)
 	if closed(ch) {
@@ -110,7 +110,7 @@ func BenchmarkWatchSent(b *testing.B) {
 		b.Run(map[bool]string{false: "idle", true: "waiting"}[waiting], func(b *testing.B) {
 			var tab subscribers
 			if waiting {
-				defer tab.wait(1 << 62)()
+				defer tab.wait("orders", 1<<62)()
 			}
 			b.RunParallel(func(pb *testing.PB) {
 				w := tab.addWatch("alpha", "", "", 0)
