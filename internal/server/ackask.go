@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"sync"
 
 	"google.golang.org/grpc/metadata"
@@ -34,53 +33,76 @@ const (
 // ackHeader is the header Subscribe sets.
 func ackHeader() metadata.MD { return metadata.Pairs(AckHeader, AckRequested) }
 
-// asker sends one stream's AckRequests from its own goroutine: whoever
-// asks (a WaitApplied, a follower starting) never waits on the network.
-// Requests not yet sent are coalesced per service (the highest revision).
+// asker sends one stream's AckRequests: whoever asks (a WaitApplied, a
+// follower starting) never waits on the network. Requests not yet sent
+// are coalesced per service (the highest revision), and sent by a
+// goroutine that runs only while there are some (asks are rare; a
+// goroutine per stream for them would cost every subscriber its stack).
 type asker struct {
-	mu   sync.Mutex
-	want map[string]int64
-	wake chan struct{}
+	ms   *muxStream
 	sent func() // counts each request sent
+
+	mu      sync.Mutex
+	want    map[string]int64
+	running bool
+	stopped bool
+	wg      sync.WaitGroup
 }
 
-func newAsker(sent func()) *asker {
-	return &asker{want: map[string]int64{}, wake: make(chan struct{}, 1), sent: sent}
+func newAsker(ms *muxStream, sent func()) *asker {
+	return &asker{ms: ms, sent: sent, want: map[string]int64{}}
 }
 
 // ask queues a request that service be acknowledged at rev.
 func (a *asker) ask(service string, rev int64) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopped {
+		return
+	}
 	if rev > a.want[service] {
 		a.want[service] = rev
 	}
-	a.mu.Unlock()
-	select {
-	case a.wake <- struct{}{}:
-	default:
+	if !a.running {
+		a.running = true
+		a.wg.Add(1)
+		go a.send()
 	}
 }
 
-// run sends what is asked, on ms, until ctx ends or a send fails (the
-// stream is then broken and its handler ends too).
-func (a *asker) run(ctx context.Context, ms *muxStream) {
+// send sends what is asked until nothing is, or a send fails (the stream
+// is broken then, and its handler ends too).
+func (a *asker) send() {
+	defer a.wg.Done()
 	for {
-		select {
-		case <-a.wake:
-		case <-ctx.Done():
-			return
-		}
 		a.mu.Lock()
 		want := a.want
+		if len(want) == 0 || a.stopped {
+			a.running = false
+			a.mu.Unlock()
+			return
+		}
 		a.want = map[string]int64{}
 		a.mu.Unlock()
 		for service, rev := range want {
-			if err := ms.sendAckRequest(service, rev); err != nil {
+			if err := a.ms.sendAckRequest(service, rev); err != nil {
+				a.mu.Lock()
+				a.running, a.stopped = false, true
+				a.mu.Unlock()
 				return
 			}
 			a.sent()
 		}
 	}
+}
+
+// stop ends asking and waits for a send in progress (which the stream's
+// end, if it must, unblocks).
+func (a *asker) stop() {
+	a.mu.Lock()
+	a.stopped = true
+	a.mu.Unlock()
+	a.wg.Wait()
 }
 
 // sendAckRequest asks the client to acknowledge service at rev.

@@ -80,17 +80,14 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 		return err
 	}
 	ms := &muxStream{peer: peerAddr(ctx), send: stream.Send,
-		sendRaw: func(b Encoded) error { return stream.SendMsg(b) }, asks: newAsker(s.m.AckRequests.Inc)}
-	actx, stopAsks := context.WithCancel(ctx)
-	asking := make(chan struct{})
-	go func() { defer close(asking); ms.asks.run(actx, ms) }()
+		sendRaw: func(b Encoded) error { return stream.SendMsg(b) }}
+	ms.asks = newAsker(ms, s.m.AckRequests.Inc)
 	followers := map[string]*follower{}
 	defer func() {
 		for _, f := range followers {
 			s.stopFollower(f)
 		}
-		stopAsks()
-		<-asking
+		ms.asks.stop()
 	}()
 	for {
 		req, err := stream.Recv()
