@@ -204,6 +204,40 @@ func TestBlockedOnChangeDelaysOnlyItsOwnSubscription(t *testing.T) {
 	recB.assertMonotonic(t)
 }
 
+// OnConnection runs where OnChange does: one blocked in its first call
+// (connected) holds back neither the stream nor its own view.
+func TestBlockedOnConnectionDelaysOnlyItsOwnSubscription(t *testing.T) {
+	rn := regnodetest.Start(t)
+	direct := rn.Etcd
+	c := newClient(t, rn.Addr)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	blocked, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	var once sync.Once
+	subA, err := c.Subscribe(ctx, "orders", client.SubscribeOptions{OnConnection: func(client.Freshness) {
+		once.Do(func() { close(blocked); <-release })
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer subA.Close()
+	subB, err := c.Subscribe(ctx, "users", client.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer subB.Close()
+	select {
+	case <-blocked:
+	case <-ctx.Done():
+		t.Fatal("OnConnection never called")
+	}
+	put(t, direct, "orders", "o-1", "1")
+	put(t, direct, "users", "u-1", "1")
+	waitFor(t, time.Minute, "A's view", func() bool { return equalsEtcd(t, direct, subA, "orders") })
+	waitFor(t, time.Minute, "B's view", func() bool { return equalsEtcd(t, direct, subB, "users") })
+}
+
 // An OnChange blocked while more changes than its CallbackBacklog come
 // has them coalesced: released, its next change is a Snapshot (a Reset)
 // of the view as it is then, and nothing more until the view moves; the
@@ -276,9 +310,11 @@ registry_client_callbacks_coalesced_total{service="orders"} 1
 }
 
 // Subscription.Close, and Client.Close, while an OnChange is blocked
-// (with changes waiting behind it) both return; no callback starts after
-// Close returned, Done is closed only once the blocked one returns, and
-// then nothing of the Client is left running.
+// (with changes waiting behind it) both return: the one of "orders" is
+// closed by Subscription.Close, the one of "users" only by Client.Close.
+// No callback starts after the Close that stopped it returned, Done is
+// closed only once the blocked call returns, and then nothing of the
+// Client is left running.
 func TestCloseWhileOnChangeBlocks(t *testing.T) {
 	rn := regnodetest.Start(t)
 	direct := rn.Etcd
@@ -296,22 +332,34 @@ func TestCloseWhileOnChangeBlocks(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a := newGate()
-	sub, err := c.Subscribe(ctx, "orders", client.SubscribeOptions{OnChange: a.on})
-	if err != nil {
-		t.Fatal(err)
+	gates := map[string]*gate{}
+	subs := map[string]*client.Subscription{}
+	for _, svc := range []string{"orders", "users"} {
+		g := newGate()
+		defer func() {
+			select {
+			case <-g.release:
+			default:
+				close(g.release) // a failure before the release: let the callback end
+			}
+		}()
+		sub, err := c.Subscribe(ctx, svc, client.SubscribeOptions{OnChange: g.on})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sub.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		g.arm(t)
+		put(t, direct, svc, "x-1", "1")
+		g.waitBlocked(t)
+		var last int64
+		for i := range 3 {
+			last = put(t, direct, svc, fmt.Sprint("x-", i+2), "1") // waiting behind the blocked call
+		}
+		waitFor(t, time.Minute, svc+"'s view", func() bool { return sub.Revision() >= last })
+		gates[svc], subs[svc] = g, sub
 	}
-	if err := sub.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a.arm(t)
-	put(t, direct, "orders", "o-1", "1")
-	a.waitBlocked(t)
-	var last int64
-	for i := range 3 {
-		last = put(t, direct, "orders", fmt.Sprint("o-", i+2), "1") // waiting behind the blocked call
-	}
-	waitFor(t, time.Minute, "the view", func() bool { return sub.Revision() >= last })
 
 	bounded := func(what string, f func()) {
 		t.Helper()
@@ -320,31 +368,35 @@ func TestCloseWhileOnChangeBlocks(t *testing.T) {
 		select {
 		case <-done:
 		case <-time.After(time.Minute): // only a Close that waits on the callback fails this
-			close(a.release)
 			t.Fatalf("%s did not return while an OnChange was blocked", what)
 		}
 	}
-	bounded("Subscription.Close", sub.Close)
-	calls := len(a.seen())
+	bounded("Subscription.Close", subs["orders"].Close)
+	calls := map[string]int{"orders": len(gates["orders"].seen())}
 	bounded("Client.Close", func() {
 		if err := c.Close(); err != nil {
 			t.Errorf("close: %v", err)
 		}
 	})
-	select {
-	case <-sub.Done():
-		t.Fatal("Done closed while its OnChange is still running")
-	default:
+	calls["users"] = len(gates["users"].seen())
+	for svc, sub := range subs {
+		select {
+		case <-sub.Done():
+			t.Fatalf("%s: Done closed while its OnChange is still running", svc)
+		default:
+		}
 	}
 
-	close(a.release)
-	select {
-	case <-sub.Done():
-	case <-time.After(time.Minute):
-		t.Fatal("Done not closed once the blocked OnChange returned")
-	}
-	if n := len(a.seen()); n != calls {
-		t.Fatalf("OnChange was called %d times after Close returned (%d changes were waiting)", n-calls, 3)
+	for svc, sub := range subs {
+		close(gates[svc].release)
+		select {
+		case <-sub.Done():
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: Done not closed once the blocked OnChange returned", svc)
+		}
+		if n := len(gates[svc].seen()); n != calls[svc] {
+			t.Fatalf("%s: OnChange was called %d times after Close returned (3 changes were waiting)", svc, n-calls[svc])
+		}
 	}
 	noLeaks(t, before)
 }
