@@ -141,3 +141,30 @@ func TestCoalescingKeepsNewEpoch(t *testing.T) {
 		t.Fatalf("coalesced %d times, want 1", n)
 	}
 }
+
+// The Changes channel's snapshot after an overflow is NewEpoch when a
+// change it dropped was (it used to say nothing of it: a reader saw the
+// revision go back with no new epoch).
+func TestChangesOverflowKeepsNewEpoch(t *testing.T) {
+	c, err := New(Config{Endpoints: []string{"127.0.0.1:1"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Subscribe(context.Background(), "orders", SubscribeOptions{Changes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.feed(t, cache.Batch{Revision: 100, Snapshot: true, Instances: []*registryv1.Instance{instance("a", 100)}})
+	s.feed(t, cache.Batch{Revision: 5, Snapshot: true, Reset: true, NewEpoch: true, Instances: []*registryv1.Instance{instance("c", 5)}})
+	s.feed(t, cache.Batch{Revision: 6, Events: []cache.Event{{Type: cache.Put, Service: "orders", ID: "d", Instance: instance("d", 6)}}})
+	if ch := <-s.Changes(); ch.Revision != 100 {
+		t.Fatalf("first change at %d, want the first snapshot's 100", ch.Revision)
+	}
+	s.feed(t, cache.Batch{Revision: 7, Events: []cache.Event{{Type: cache.Put, Service: "orders", ID: "e", Instance: instance("e", 7)}}})
+	ch := <-s.Changes()
+	if !ch.Snapshot || !ch.NewEpoch || ch.Revision != 7 || len(ch.Instances) != 3 {
+		t.Fatalf("after the overflow %+v (%d instances), want a new-epoch snapshot of 3 instances at 7", ch, len(ch.Instances))
+	}
+}

@@ -146,7 +146,8 @@ type Subscription struct {
 		fresh     Freshness
 		listeners map[int]func(Change)
 		next      int
-		overflow  bool
+		overflow  bool // the Changes channel dropped a change: the next is a snapshot
+		overEpoch bool // one it dropped was NewEpoch: so is that snapshot
 		lastErr   error
 		resets    int
 		reconnect int
@@ -598,18 +599,19 @@ func (s *Subscription) offer(ch Change) {
 		return
 	}
 	s.mu.Lock()
-	overflow := s.mu.overflow
+	overflow, overEpoch := s.mu.overflow, s.mu.overEpoch
 	s.mu.Unlock()
 	if overflow {
-		ch = Change{Diff: cache.Diff{Revision: s.cache.Revision(), Reset: true}, Snapshot: true, Instances: s.snapshotInstances()}
+		ch = Change{Diff: cache.Diff{Revision: s.cache.Revision(), Reset: true}, Snapshot: true, NewEpoch: ch.NewEpoch || overEpoch,
+			Instances: s.snapshotInstances()}
 	}
 	select {
 	case s.changes <- ch:
-		overflow = false
+		overflow, overEpoch = false, false
 	default:
-		overflow = true
+		overflow, overEpoch = true, overEpoch || ch.NewEpoch
 	}
 	s.mu.Lock()
-	s.mu.overflow = overflow
+	s.mu.overflow, s.mu.overEpoch = overflow, overEpoch
 	s.mu.Unlock()
 }
