@@ -147,7 +147,8 @@ func (d *delivery) push(c callback) (dropped, first bool) {
 		d.mu.queue = append(d.mu.queue, c)
 		return false, false
 	}
-	for _, w := range append(d.mu.queue, c) {
+	d.mu.queue = append(d.mu.queue, c)
+	for _, w := range d.mu.queue {
 		if w.conn {
 			d.mu.conn = &w.f
 		} else {
