@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,7 +59,7 @@ func heldSubscription(t *testing.T, backlog int) (*Subscription, *heldCallbacks)
 }
 
 // feed applies b as a stream's unit would be.
-func (s *Subscription) feed(t *testing.T, b cache.Batch) {
+func (s *Subscription) feed(t testing.TB, b cache.Batch) {
 	t.Helper()
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
@@ -166,5 +168,47 @@ func TestChangesOverflowKeepsNewEpoch(t *testing.T) {
 	ch := <-s.Changes()
 	if !ch.Snapshot || !ch.NewEpoch || ch.Revision != 7 || len(ch.Instances) != 3 {
 		t.Fatalf("after the overflow %+v (%d instances), want a new-epoch snapshot of 3 instances at 7", ch, len(ch.Instances))
+	}
+}
+
+// The cost of a change's way to its callback, applying included: on the
+// applying goroutine (a listener, as the resolvers' are) and through the
+// callbacks' queue and goroutine (OnChange), one event per change.
+func BenchmarkChangeToCallback(b *testing.B) {
+	for _, async := range []bool{false, true} {
+		name := map[bool]string{false: "listener", true: "OnChange"}[async]
+		b.Run(name, func(b *testing.B) {
+			c, err := New(Config{Endpoints: []string{"127.0.0.1:1"}, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			var got atomic.Int64
+			on := func(ch Change) { got.Store(ch.Revision) }
+			opts := SubscribeOptions{}
+			if async {
+				opts.OnChange = on
+			}
+			s, err := c.Subscribe(context.Background(), "orders", opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			if !async {
+				s.listen(on)
+			}
+			s.feed(b, cache.Batch{Revision: 1, Snapshot: true})
+			b.ResetTimer()
+			for i := range b.N {
+				rev := int64(i + 2)
+				id := fmt.Sprint("i-", i%100)
+				s.feed(b, cache.Batch{Revision: rev, Events: []cache.Event{{Type: cache.Put, Service: "orders", ID: id, Instance: instance(id, rev)}}})
+			}
+			for got.Load() < int64(b.N+1) {
+				runtime.Gosched()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(s.Stats().Coalesced), "coalesced")
+		})
 	}
 }
