@@ -88,7 +88,9 @@ func (s *Subscription) setConnected(connected bool, err error) {
 		s.mu.lastErr = err
 	}
 	if changed && s.deliver != nil {
-		s.deliver.connection(s.mu.fresh)
+		f := s.mu.fresh
+		f.Err = s.mu.lastErr
+		s.deliver.connection(f)
 	}
 }
 

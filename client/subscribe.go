@@ -110,6 +110,11 @@ type Freshness struct {
 	// time.Since(DiskSavedAt)); zero unless FromDisk. ConfirmedAt is the
 	// same time while FromDisk.
 	DiskSavedAt time.Time
+	// Err is LastError as it was at this freshness: in the one
+	// OnConnection gets, why the stream was lost (nil while Connected).
+	// OnConnection runs behind the stream, which may have moved on by
+	// then: Err, not a call to LastError, tells why this change happened.
+	Err error
 }
 
 // Subscription follows the instances of one service (or all) through any
@@ -293,7 +298,9 @@ func (s *Subscription) Revision() int64 { return s.cache.Revision() }
 func (s *Subscription) Freshness() Freshness {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mu.fresh
+	f := s.mu.fresh
+	f.Err = s.mu.lastErr
+	return f
 }
 
 // LastError is the last stream failure, nil while connected.
