@@ -352,14 +352,14 @@ func (s *Subscription) listen(f func(Change)) func() {
 }
 
 // Close stops the subscription: when it returns nothing is applied to
-// the view any more, its goroutines are stopped and waited for, the
-// changes still waiting for OnChange are dropped, and no callback
-// (OnChange, OnConnection) starts again. It does not wait for a callback
-// already running, if one is: that one (the last) may be blocked for
-// good, and Close must neither hang on it nor deadlock when a callback
-// calls Close itself. Done is closed once that callback has returned; to
-// know that none runs any more, wait on Done after Close (not from a
-// callback, and with the bound of your choosing).
+// the view any more, the changes still waiting for OnChange are dropped,
+// no callback (OnChange, OnConnection) starts again, and its goroutines
+// are stopped and waited for, except a callback already running, if one
+// is: that one (the last) may be blocked for good, and Close must neither
+// hang on it nor deadlock when a callback calls Close itself. Done is
+// closed once that callback has returned; to know that none runs any
+// more, wait on Done after Close (not from a callback, and with the bound
+// of your choosing).
 func (s *Subscription) Close() {
 	s.cancel()
 	<-s.halted
