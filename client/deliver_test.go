@@ -53,12 +53,14 @@ func (g *gate) on(ch client.Change) {
 	g.mu.Unlock()
 }
 
-// arm makes the next change block, once the first snapshot was
-// delivered (it may still wait behind Ready: OnChange runs behind the
-// view).
-func (g *gate) arm(t *testing.T) {
+// arm makes the next change block, once OnChange got the view up to rev
+// (the first snapshot, for 0): OnChange runs behind the view, and the
+// regnode's first snapshot may be older than a write made before it.
+func (g *gate) arm(t *testing.T, rev int64) {
 	t.Helper()
-	waitFor(t, time.Minute, "OnChange to get the first snapshot", func() bool { return len(g.seen()) > 0 })
+	waitFor(t, time.Minute, fmt.Sprint("OnChange to get revision ", rev), func() bool {
+		return len(g.seen()) > 0 && g.lastRevision() >= rev
+	})
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.armed = true
@@ -120,7 +122,7 @@ func TestBlockedOnChangeDelaysOnlyItsOwnSubscription(t *testing.T) {
 	rn := regnodetest.Start(t)
 	direct := rn.Etcd
 	c := newClient(t, rn.Addr)
-	put(t, direct, "orders", "o-0", "1")
+	first := put(t, direct, "orders", "o-0", "1")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -148,7 +150,7 @@ func TestBlockedOnChangeDelaysOnlyItsOwnSubscription(t *testing.T) {
 		}
 	}
 
-	a.arm(t)
+	a.arm(t, first)
 	blockedAt := put(t, direct, "orders", "o-1", "1")
 	a.waitBlocked(t)
 	calls := len(a.seen())
@@ -251,7 +253,7 @@ func TestBlockedOnChangeGetsASnapshotPastItsBacklog(t *testing.T) {
 	if err := reg.Register(c.Metrics()); err != nil {
 		t.Fatal(err)
 	}
-	put(t, direct, "orders", "o-0", "1")
+	first := put(t, direct, "orders", "o-0", "1")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a := newGate()
@@ -264,7 +266,7 @@ func TestBlockedOnChangeGetsASnapshotPastItsBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a.arm(t)
+	a.arm(t, first)
 	put(t, direct, "orders", "o-1", "1")
 	a.waitBlocked(t)
 	calls := len(a.seen())
@@ -280,12 +282,12 @@ func TestBlockedOnChangeGetsASnapshotPastItsBacklog(t *testing.T) {
 	close(a.release)
 	waitFor(t, time.Minute, "OnChange to catch up", func() bool { return a.lastRevision() >= last })
 	seen := a.seen()[calls:]
-	first := seen[0]
-	if !first.Snapshot || !first.Reset || first.Revision < last {
+	snap := seen[0]
+	if !snap.Snapshot || !snap.Reset || snap.Revision < last {
 		t.Fatalf("first change after the backlog: snapshot %t reset %t at %d, want a reset snapshot at %d or later",
-			first.Snapshot, first.Reset, first.Revision, last)
+			snap.Snapshot, snap.Reset, snap.Revision, last)
 	}
-	if got, want := ids(first.Instances), ids(sub.Instances("orders")); !slices.Equal(got, want) {
+	if got, want := ids(snap.Instances), ids(sub.Instances("orders")); !slices.Equal(got, want) {
 		t.Fatalf("the snapshot holds %v, the view %v", got, want)
 	}
 	for _, ch := range seen[1:] {
@@ -350,7 +352,7 @@ func TestCloseWhileOnChangeBlocks(t *testing.T) {
 		if err := sub.WaitReady(ctx); err != nil {
 			t.Fatal(err)
 		}
-		g.arm(t)
+		g.arm(t, 0)
 		put(t, direct, svc, "x-1", "1")
 		g.waitBlocked(t)
 		var last int64
