@@ -33,13 +33,15 @@ var (
 		"Last-known-good views served from disk because no regnode answered yet.", nil, nil)
 	descDiskAge = prometheus.NewDesc("registry_client_disk_cache_age_seconds",
 		"Age of the last-known-good view each service is served from now (absent once live).", []string{"service"}, nil)
+	descCoalesced = prometheus.NewDesc("registry_client_callbacks_coalesced_total",
+		"Times a subscription's callbacks fell too far behind and the changes waiting for them were replaced by one snapshot.", []string{"service"}, nil)
 )
 
 // Describe implements prometheus.Collector: register a Metrics with the
 // application's registry to export it.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPicks, descWeight, descEjections, descReturns, descCapped, descProbes,
-		descPanicEnters, descPanicking, descRetries, descExhausted, descNoInstance, descDiskLoads, descDiskAge} {
+		descPanicEnters, descPanicking, descRetries, descExhausted, descNoInstance, descDiskLoads, descDiskAge, descCoalesced} {
 		ch <- d
 	}
 }
@@ -61,6 +63,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(descDiskLoads, c.DiskLoads)
 	for svc, saved := range c.DiskSavedAt {
 		ch <- prometheus.MustNewConstMetric(descDiskAge, prometheus.GaugeValue, time.Since(saved).Seconds(), svc)
+	}
+	for svc, n := range c.CallbacksCoalesced {
+		ch <- prometheus.MustNewConstMetric(descCoalesced, prometheus.CounterValue, float64(n), svc)
 	}
 	ch <- prometheus.MustNewConstMetric(descPanicking, prometheus.GaugeValue, float64(c.Panicking))
 	for k, v := range c.Picks {

@@ -24,13 +24,15 @@ type Metrics struct {
 
 	mu      sync.Mutex
 	disk    map[string]time.Time     // by service: the saved time of the disk view served now
+	merged  map[string]*atomic.Int64 // by service: subscription callbacks coalesced
 	picks   map[string]*atomic.Int64 // by service/id
 	weights map[string]*atomic.Int64 // by service/id: the weight the picker uses now
 }
 
 // NewMetrics returns zeroed counts.
 func NewMetrics() *Metrics {
-	return &Metrics{picks: map[string]*atomic.Int64{}, weights: map[string]*atomic.Int64{}, disk: map[string]time.Time{}}
+	return &Metrics{picks: map[string]*atomic.Int64{}, weights: map[string]*atomic.Int64{}, disk: map[string]time.Time{},
+		merged: map[string]*atomic.Int64{}}
 }
 
 // Counts is a copy of the counts at one moment.
@@ -61,6 +63,10 @@ type Counts struct {
 	// DiskSavedAt, by service, is when the disk view served now was saved
 	// (its age); a service leaves it when a live view replaces it.
 	DiskSavedAt map[string]time.Time
+	// CallbacksCoalesced, by service, counts the times a subscription's
+	// callbacks fell too far behind and the changes waiting for them were
+	// replaced by one snapshot (package client, SubscribeOptions.OnChange).
+	CallbacksCoalesced map[string]int64
 }
 
 // DiskCacheLoaded records that service is served from a disk view saved
@@ -79,6 +85,20 @@ func (m *Metrics) DiskCacheReplaced(service string) {
 	m.mu.Unlock()
 }
 
+// CallbacksCoalesced records that the changes waiting for the callbacks
+// of a subscription of service were coalesced into a snapshot (package
+// client calls it).
+func (m *Metrics) CallbacksCoalesced(service string) {
+	m.mu.Lock()
+	c := m.merged[service]
+	if c == nil {
+		c = new(atomic.Int64)
+		m.merged[service] = c
+	}
+	m.mu.Unlock()
+	c.Add(1)
+}
+
 // Counts returns the current counts.
 func (m *Metrics) Counts() Counts {
 	c := Counts{
@@ -86,11 +106,14 @@ func (m *Metrics) Counts() Counts {
 		HalfOpenProbes: m.halfOpenProbes.Load(), PanicEnters: m.panicEnters.Load(), PanicLeaves: m.panicLeaves.Load(),
 		Panicking: m.panicking.Load(), Retries: m.retries.Load(), BudgetExhausted: m.budgetExhausted.Load(),
 		NoInstance: m.noInstanceErrors.Load(), Picks: map[string]int64{}, Weights: map[string]int64{},
-		DiskLoads: m.diskLoads.Load(), DiskSavedAt: map[string]time.Time{},
+		DiskLoads: m.diskLoads.Load(), DiskSavedAt: map[string]time.Time{}, CallbacksCoalesced: map[string]int64{},
 	}
 	m.mu.Lock()
 	for k, v := range m.disk {
 		c.DiskSavedAt[k] = v
+	}
+	for k, v := range m.merged {
+		c.CallbacksCoalesced[k] = v.Load()
 	}
 	for k, v := range m.picks {
 		c.Picks[k] = v.Load()

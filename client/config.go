@@ -96,7 +96,7 @@ func (c Config) Validate() error {
 // DefaultSubscribeOptions is the SubscribeOptions a zero one runs with.
 func DefaultSubscribeOptions() SubscribeOptions {
 	return SubscribeOptions{MinBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second,
-		ReceiveDeadline: DefaultReceiveDeadline}
+		ReceiveDeadline: DefaultReceiveDeadline, CallbackBacklog: DefaultCallbackBacklog}
 }
 
 // withDefaults is o with its zero fields set to DefaultSubscribeOptions'.
@@ -111,13 +111,16 @@ func (o SubscribeOptions) withDefaults() SubscribeOptions {
 	if o.ReceiveDeadline == 0 {
 		o.ReceiveDeadline = d.ReceiveDeadline
 	}
+	if o.CallbackBacklog == 0 {
+		o.CallbackBacklog = d.CallbackBacklog
+	}
 	return o
 }
 
 // Validate reports the first field that cannot work, with its defaults
-// filled, as an error wrapping ErrInvalidConfig: a negative Changes or
-// MinBackoff, a MaxBackoff below MinBackoff, a ReceiveDeadline below
-// MinReceiveDeadline.
+// filled, as an error wrapping ErrInvalidConfig: a negative Changes,
+// CallbackBacklog or MinBackoff, a MaxBackoff below MinBackoff, a
+// ReceiveDeadline below MinReceiveDeadline.
 func (o SubscribeOptions) Validate() error {
 	o = o.withDefaults()
 	bad := func(field string, v any, rule string) error {
@@ -126,6 +129,8 @@ func (o SubscribeOptions) Validate() error {
 	switch {
 	case o.Changes < 0:
 		return bad("Changes", o.Changes, "must be >= 0 (0: no Changes channel)")
+	case o.CallbackBacklog < 0:
+		return bad("CallbackBacklog", o.CallbackBacklog, "must be >= 0 (0: the default)")
 	case o.MinBackoff < 0:
 		return bad("MinBackoff", o.MinBackoff, "must be >= 0 (0: the default)")
 	case o.MaxBackoff < o.MinBackoff:

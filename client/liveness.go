@@ -39,8 +39,9 @@ func (e *stallError) Error() string {
 func (e *stallError) Unwrap() error { return ErrStalled }
 
 // receiveDeadline cancels a stream that waits longer than d for a
-// message. It runs only while the stream waits in Recv: the time a slow
-// OnChange takes is the subscriber's, not the regnode's.
+// message. It runs only while the stream waits in Recv: the time spent
+// applying a unit is the subscriber's, not the regnode's (and never
+// includes a callback's: those run on their own goroutine, deliver.go).
 type receiveDeadline struct {
 	d     time.Duration
 	t     *time.Timer
@@ -72,10 +73,12 @@ func (rd *receiveDeadline) err(peer string) error {
 	return &stallError{peer: peer, deadline: rd.d}
 }
 
-// setConnected records a change of Connected and tells OnConnection.
-// Only the subscription's goroutine calls it.
+// setConnected records a change of Connected and queues it for
+// OnConnection (deliver.go), under s.mu: in the order the changes were
+// recorded, whichever goroutine records them.
 func (s *Subscription) setConnected(connected bool, err error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	changed := s.mu.fresh.Connected != connected
 	s.mu.fresh.Connected = connected
 	switch {
@@ -84,10 +87,10 @@ func (s *Subscription) setConnected(connected bool, err error) {
 	case err != nil: // else the stream already recorded why it ended
 		s.mu.lastErr = err
 	}
-	f := s.mu.fresh
-	s.mu.Unlock()
-	if changed && s.opts.OnConnection != nil {
-		s.opts.OnConnection(f)
+	if changed && s.deliver != nil {
+		f := s.mu.fresh
+		f.Err = s.mu.lastErr
+		s.deliver.connection(f)
 	}
 }
 

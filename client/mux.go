@@ -70,6 +70,12 @@ type muxConn struct {
 	ctl  []*registryv1.SubscribeRequest // adds and removes, in order
 	acks map[*feed]int64                // the latest revision applied, per feed
 	wake chan struct{}
+
+	// onRequest: the regnode asks for acks (its header says so, see
+	// server.AckHeader), so a feed acknowledges only what was asked.
+	// Otherwise every unit applied is acknowledged. Set by the stream's
+	// reading goroutine at its first message, read only by it.
+	onRequest bool
 }
 
 func newMuxConn(cancel context.CancelFunc, st registryv1.Registry_SubscribeClient) *muxConn {
@@ -147,11 +153,12 @@ type feed struct {
 	known     bool // a snapshot was applied
 	subs      map[*Subscription]struct{}
 	joiner    chunk.Joiner
-	gen       int  // the stream this feed was added on
-	connected bool // a message came on the current stream
-	ahead     int  // REVISION_AHEAD answers in a row
-	afresh    bool // the next add subscribes afresh
-	freshOpen bool // the current add was afresh and its snapshot not in
+	gen       int   // the stream this feed was added on
+	connected bool  // a message came on the current stream
+	ahead     int   // REVISION_AHEAD answers in a row
+	ackWant   int64 // the regnode asked for an ack once the view reaches this (0: not asked)
+	afresh    bool  // the next add subscribes afresh
+	freshOpen bool  // the current add was afresh and its snapshot not in
 	failed    error
 }
 
@@ -409,6 +416,14 @@ func (f *feed) resume(subscriber string) *registryv1.SubscribeRequest {
 	return addRequest(subscriber, f.service, f.cache.Revision(), f.epoch)
 }
 
+// The Subscribe stream's response header by which a regnode says it asks
+// for acks (server.AckHeader and server.AckRequested; the SDK imports no
+// server code).
+const (
+	ackHeader    = "registry-acks"
+	ackRequested = "requested"
+)
+
 // errAhead moves the stream off a regnode behind one of its services.
 var errAhead = errors.New("regnode is behind a service's revision")
 
@@ -456,6 +471,12 @@ func (m *mux) stream(ctx context.Context) (progressed bool, err error) {
 			}
 			return gotSome, err
 		}
+		if !gotSome {
+			// Headers come before the first message: this is the regnode's.
+			md, _ := st.Header()
+			v := md.Get(ackHeader)
+			mc.onRequest = len(v) > 0 && v[0] == ackRequested
+		}
 		gotSome = true
 		m.stalled = ""
 		f := m.feedOf(resp.Service)
@@ -467,6 +488,10 @@ func (m *mux) stream(ctx context.Context) (progressed bool, err error) {
 				m.stalled = at // another regnode may have it
 				return gotSome, err
 			}
+			continue
+		}
+		if resp.AckRequest != nil {
+			f.askedAck(mc, resp.AckRequest.Revision)
 			continue
 		}
 		if resp.Unit == nil {
@@ -488,7 +513,7 @@ func (m *mux) addAll(mc *muxConn) {
 	m.mu.cur = mc
 	for _, f := range m.mu.feeds {
 		f.mu.Lock()
-		f.gen = mc.gen
+		f.gen, f.ackWant = mc.gen, 0 // a new stream's regnode asks for itself
 		req := f.resume(m.c.subscriber)
 		f.mu.Unlock()
 		mc.queue(req)
@@ -590,10 +615,33 @@ func (f *feed) take(mc *muxConn, r *registryv1.WatchResponse) error {
 			f.seed(s)
 		}
 	}
-	if b.Snapshot || len(b.Events) > 0 {
-		mc.ack(f, b.Revision)
+	switch {
+	case !mc.onRequest:
+		if b.Snapshot || len(b.Events) > 0 {
+			mc.ack(f, b.Revision)
+		}
+	case f.ackWant > 0 && f.cache.Revision() >= f.ackWant:
+		// Progress counts too: a view at a revision holds every change
+		// up to it.
+		f.ackWant = 0
+		mc.ack(f, f.cache.Revision())
 	}
 	return nil
+}
+
+// askedAck is the regnode's request that f be acknowledged once applied
+// up to rev: at once if it is.
+func (f *feed) askedAck(mc *muxConn, rev int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gen != mc.gen {
+		return
+	}
+	if f.known && f.cache.Revision() >= rev {
+		mc.ack(f, f.cache.Revision())
+		return
+	}
+	f.ackWant = max(f.ackWant, rev)
 }
 
 // tellConnected tells every Subscription of f that a regnode answers;

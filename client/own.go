@@ -119,15 +119,19 @@ func (c *Client) refuseClosedStream(ctx context.Context, desc *grpc.StreamDesc, 
 //     Config.CloseTimeout, plus the lease TTL for a deregister the
 //     regnodes do not answer (the record then expires with its lease).
 //  3. Every Subscription, those shared by resolvers included, is stopped
-//     and its goroutines waited for; resolvers built from the Client then
-//     get no further updates.
+//     and its goroutines waited for, as Subscription.Close does; resolvers
+//     built from the Client then get no further updates, and no callback
+//     starts. A callback already running is not waited for (see
+//     Subscription.Close): that Subscription's Done is closed once it
+//     returns.
 //  4. The connections are closed; any later call through API() returns
 //     ErrClosed.
 //
-// Afterwards no goroutine of the Client runs. Close is idempotent; later
-// calls return the first call's result: the registrations' errors joined
-// with the connections'. It waits for the subscriptions' goroutines, so it
-// must not be called from an OnChange or OnConnection callback.
+// Afterwards no goroutine of the Client runs but a callback that was
+// running when its Subscription stopped. Close is idempotent; later calls
+// return the first call's result: the registrations' errors joined with
+// the connections'. A Subscription's callback may call it (it does not
+// wait for callbacks); a Registration's OnChange must not.
 func (c *Client) Close() error {
 	c.own.closeOnce.Do(func() { c.own.closeErr = c.close() })
 	return c.own.closeErr
@@ -179,7 +183,7 @@ func (c *Client) close() error {
 		s.cancel()
 	}
 	for _, s := range subs {
-		<-s.done
+		<-s.halted
 	}
 	if c.mux != nil {
 		c.mux.close() // the one Subscribe stream, now carrying nothing

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -36,9 +37,29 @@ type Change struct {
 // its comment states (DefaultSubscribeOptions has them all); Subscribe
 // refuses what Validate refuses.
 type SubscribeOptions struct {
-	// OnChange, if set, is called with every change in order, on the
-	// subscription's goroutine; it must not block for long.
+	// OnChange, if set, is called with every change, in order, on a
+	// goroutine of this subscription's own (the stream's goroutine only
+	// queues the change): never concurrently with itself or with
+	// OnConnection. A slow or blocked OnChange delays only this
+	// subscription's callbacks: its view (Instances, Snapshot, Revision,
+	// Freshness), the Client's other subscriptions, the resolvers (of
+	// this service too) and the stream go on. A change is handed over
+	// once it is in the view, which may by then be newer still.
+	//
+	// Changes wait for it in a queue of at most CallbackBacklog. When one
+	// more does not fit, every change waiting is dropped and the next one
+	// OnChange gets is a Snapshot of the view at that moment (Reset, and
+	// NewEpoch if a dropped change was), as the Changes channel does;
+	// Stats().Coalesced and registry_client_callbacks_coalesced_total
+	// count these, and the first of an episode (until OnChange catches
+	// up) is logged at warn. Consecutive Progress changes still waiting
+	// are merged into the latest: heartbeats alone never overflow it.
+	// After Close returns no call starts (see Close).
 	OnChange func(Change)
+	// CallbackBacklog is how many changes (and connection changes) may
+	// wait for OnChange and OnConnection before they are coalesced into a
+	// snapshot (0: DefaultCallbackBacklog; negative is refused).
+	CallbackBacklog int
 	// Changes, if > 0, makes Changes() a channel with this buffer (0: no
 	// channel; negative is refused). A reader
 	// that falls behind is not allowed to stall the subscription: changes
@@ -58,8 +79,12 @@ type SubscribeOptions struct {
 	// once on another regnode if one answers (default
 	// DefaultReceiveDeadline; at least MinReceiveDeadline).
 	ReceiveDeadline time.Duration
-	// OnConnection, if set, is called on the subscription's goroutine each
-	// time Freshness().Connected changes, with the new freshness.
+	// OnConnection, if set, is called each time Freshness().Connected
+	// changes, with the new freshness, in order with OnChange and on the
+	// same goroutine (see OnChange: never concurrently with it, never on
+	// the stream's goroutine). Connection changes dropped by a coalescing
+	// leave one call after the snapshot, with the latest, if Connected
+	// then differs from what OnConnection was last told.
 	OnConnection func(Freshness)
 }
 
@@ -85,6 +110,11 @@ type Freshness struct {
 	// time.Since(DiskSavedAt)); zero unless FromDisk. ConfirmedAt is the
 	// same time while FromDisk.
 	DiskSavedAt time.Time
+	// Err is LastError as it was at this freshness: in the one
+	// OnConnection gets, why the stream was lost (nil while Connected).
+	// OnConnection runs behind the stream, which may have moved on by
+	// then: Err, not a call to LastError, tells why this change happened.
+	Err error
 }
 
 // Subscription follows the instances of one service (or all) through any
@@ -99,10 +129,19 @@ type Subscription struct {
 	ready   chan struct{}
 	changes chan Change
 	cancel  context.CancelFunc
-	done    chan struct{}
+	// halted is closed when nothing is applied and no callback starts any
+	// more (what Close waits for); done, once the last callback returned
+	// too (Done): by the last of stopped and the callbacks' goroutine to
+	// end (unfinished counts them).
+	halted     chan struct{}
+	done       chan struct{}
+	unfinished atomic.Int32
+	deliver    *delivery // the callbacks' queue and goroutine (deliver.go); nil without callbacks
 
 	// applyMu serializes applying to the cache and telling listeners: the
-	// stream's goroutine and the disk loader (diskcache.go) both apply.
+	// stream's goroutine and the disk loader (diskcache.go) both apply;
+	// the callbacks' goroutine takes it to snapshot a coalescing
+	// (deliver.go).
 	applyMu sync.Mutex
 	disk    *diskCache     // nil without Config.CacheDir or for all services
 	aux     sync.WaitGroup // the disk loader and writer, waited for by run
@@ -112,7 +151,8 @@ type Subscription struct {
 		fresh     Freshness
 		listeners map[int]func(Change)
 		next      int
-		overflow  bool
+		overflow  bool // the Changes channel dropped a change: the next is a snapshot
+		overEpoch bool // one it dropped was NewEpoch: so is that snapshot
 		lastErr   error
 		resets    int
 		reconnect int
@@ -172,12 +212,12 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}), done: make(chan struct{}),
-		wake: make(chan struct{}, 1)}
+	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}),
+		halted: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	s.mu.listeners = map[int]func(Change){}
-	if opts.OnChange != nil {
-		s.mu.listeners[0] = opts.OnChange
-		s.mu.next = 1
+	s.unfinished.Store(1)
+	if s.deliver = newDelivery(s); s.deliver != nil {
+		s.unfinished.Add(1)
 	}
 	if opts.Changes > 0 {
 		s.changes = make(chan Change, opts.Changes)
@@ -204,6 +244,9 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 	}
 	if s.disk != nil {
 		s.aux.Add(2) // before anything that waits for them, even if ctx already ended
+	}
+	if s.deliver != nil {
+		go s.deliver.run() // before anything stops it, even if ctx already ended
 	}
 	if c.mux != nil {
 		context.AfterFunc(ctx, func() {
@@ -255,7 +298,9 @@ func (s *Subscription) Revision() int64 { return s.cache.Revision() }
 func (s *Subscription) Freshness() Freshness {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mu.fresh
+	f := s.mu.fresh
+	f.Err = s.mu.lastErr
+	return f
 }
 
 // LastError is the last stream failure, nil while connected.
@@ -274,18 +319,25 @@ type Stats struct {
 	Resets, Reconnects int
 	// Resyncs counts the resyncs asked of it (by a resolver's ResolveNow).
 	Resyncs int
-	Cache   cache.Stats
+	// Coalesced counts the times OnChange (or OnConnection) fell more
+	// than CallbackBacklog changes behind and what waited for it was
+	// replaced by one snapshot.
+	Coalesced int
+	Cache     cache.Stats
 }
 
 // Stats returns the subscription's counters.
 func (s *Subscription) Stats() Stats {
+	coalesced := s.deliver.coalescings()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Resets: s.mu.resets, Reconnects: s.mu.reconnect, Resyncs: s.mu.resyncs, Cache: s.cache.Stats()}
+	return Stats{Resets: s.mu.resets, Reconnects: s.mu.reconnect, Resyncs: s.mu.resyncs, Coalesced: coalesced, Cache: s.cache.Stats()}
 }
 
-// listen adds a listener of changes (called on the subscription's
-// goroutine); the returned func removes it.
+// listen adds a listener of changes, called on the goroutine that
+// applies, under applyMu, right after each change is applied (the
+// resolvers': they must follow the view whatever a user callback does,
+// and they never block; see deliver.go); the returned func removes it.
 func (s *Subscription) listen(f func(Change)) func() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -299,25 +351,48 @@ func (s *Subscription) listen(f func(Change)) func() {
 	}
 }
 
-// Close stops the subscription and waits for its goroutine.
+// Close stops the subscription: when it returns nothing is applied to
+// the view any more, the changes still waiting for OnChange are dropped,
+// no callback (OnChange, OnConnection) starts again, and its goroutines
+// are stopped and waited for, except a callback already running, if one
+// is: that one (the last) may be blocked for good, and Close must neither
+// hang on it nor deadlock when a callback calls Close itself. Done is
+// closed once that callback has returned; to know that none runs any
+// more, wait on Done after Close (not from a callback, and with the bound
+// of your choosing).
 func (s *Subscription) Close() {
 	s.cancel()
-	<-s.done
+	<-s.halted
 }
 
-// Done is closed when the subscription has stopped.
+// Done is closed when the subscription has stopped (as Close does) and no
+// callback of it is running: none will ever be called again.
 func (s *Subscription) Done() <-chan struct{} { return s.done }
 
-// stopped ends a subscription that no longer applies anything: the disk
-// writer's last write, then Done.
+// finished is called by stopped and by the callbacks' goroutine as they
+// end: the last closes done.
+func (s *Subscription) finished() {
+	if s.unfinished.Add(-1) == 0 {
+		close(s.done)
+	}
+}
+
+// stopped ends a subscription that no longer applies anything: its
+// callbacks stop, the disk writer makes its last write, then done (unless
+// a callback still runs: the callbacks' goroutine closes it as it ends)
+// and halted.
 func (s *Subscription) stopped() {
+	if s.deliver != nil {
+		s.deliver.stop()
+	}
 	if s.disk != nil {
 		close(s.disk.stop) // nothing is applied any more: the writer's last write
 		s.aux.Wait()
 		s.c.metrics.DiskCacheReplaced(s.service)
 	}
-	s.c.forgetSubscription(s) // before done: Client.Close waits on done
-	close(s.done)
+	s.c.forgetSubscription(s) // before halted: Client.Close waits on halted
+	s.finished()              // before halted: once Close returns, Done is closed unless a callback runs
+	close(s.halted)
 }
 
 // run follows the subscription on Watch streams of its own
@@ -510,6 +585,9 @@ func (s *Subscription) apply(b cache.Batch, disk *diskView) error {
 	for _, f := range listeners {
 		f(ch)
 	}
+	if s.deliver != nil {
+		s.deliver.change(ch)
+	}
 	s.offer(ch)
 	return nil
 }
@@ -528,18 +606,19 @@ func (s *Subscription) offer(ch Change) {
 		return
 	}
 	s.mu.Lock()
-	overflow := s.mu.overflow
+	overflow, overEpoch := s.mu.overflow, s.mu.overEpoch
 	s.mu.Unlock()
 	if overflow {
-		ch = Change{Diff: cache.Diff{Revision: s.cache.Revision(), Reset: true}, Snapshot: true, Instances: s.snapshotInstances()}
+		ch = Change{Diff: cache.Diff{Revision: s.cache.Revision(), Reset: true}, Snapshot: true, NewEpoch: ch.NewEpoch || overEpoch,
+			Instances: s.snapshotInstances()}
 	}
 	select {
 	case s.changes <- ch:
-		overflow = false
+		overflow, overEpoch = false, false
 	default:
-		overflow = true
+		overflow, overEpoch = true, overEpoch || ch.NewEpoch
 	}
 	s.mu.Lock()
-	s.mu.overflow = overflow
+	s.mu.overflow, s.mu.overEpoch = overflow, overEpoch
 	s.mu.Unlock()
 }

@@ -366,6 +366,8 @@ func TestSlowSubscriberIsResetFastOneUnaffected(t *testing.T) {
 		}
 	}
 	waitFor(t, time.Minute, "fast subscriber", func() bool { return fsub.Revision() >= last })
+	// OnChange runs behind the view, on the subscription's own goroutine.
+	waitFor(t, time.Minute, "the fast subscriber's OnChange", func() bool { return frec.last() >= last })
 	waitFor(t, time.Minute, "the slow reset", func() bool {
 		return testutil.ToFloat64(rn.Node.Metrics().ResetsSent.WithLabelValues("slow-subscriber")) >= 1
 	})

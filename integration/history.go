@@ -148,9 +148,9 @@ type View struct {
 	Rev      int64
 	Reset    bool
 	NewEpoch bool // a reset onto another etcd history (restored)
-	// Stream counts the subscription's reconnects when it showed this
-	// view: views of one stream share it. A subscription that resumes on
-	// a new stream gets what it missed replayed as one change.
+	// Stream counts the subscription's disconnections before it showed
+	// this view: views of one stream share it. A subscription that
+	// resumes on a new stream gets what it missed replayed as one change.
 	Stream int
 	Insts  map[string]ViewInst // by key
 }
@@ -161,12 +161,11 @@ type Subscriber struct {
 	Sub  *client.Subscription
 	keys record.Keys
 
-	mu    sync.Mutex
-	sub   *client.Subscription // Sub, once Subscribe has returned
-	cur   map[string]ViewInst
-	views []View
-	delay time.Duration
-	gate  chan struct{} // while set, record blocks on it (Stall)
+	mu     sync.Mutex
+	stream int // disconnections told so far (OnConnection)
+	cur    map[string]ViewInst
+	views  []View
+	delay  time.Duration
 }
 
 // Follow subscribes to every service through c and records each view.
@@ -174,37 +173,29 @@ type Subscriber struct {
 func Follow(t testing.TB, c *client.Client, name string, delay time.Duration) *Subscriber {
 	t.Helper()
 	t.Helper()
+	return FollowWith(t, c, name, delay, client.SubscribeOptions{})
+}
+
+// FollowWith is Follow with opts (its OnChange and OnConnection are the
+// Subscriber's own).
+func FollowWith(t testing.TB, c *client.Client, name string, delay time.Duration, opts client.SubscribeOptions) *Subscriber {
+	t.Helper()
 	s := &Subscriber{Name: name, keys: record.NewKeys(""), delay: delay}
-	sub, err := c.Subscribe(context.Background(), "", client.SubscribeOptions{OnChange: s.record})
+	// The stream a view came on is counted from OnConnection, which the
+	// SDK calls in order with OnChange (both behind the stream, on the
+	// subscription's callback goroutine); the subscription's own
+	// Stats().Reconnects, read in OnChange, may already count a later
+	// stream than the change's.
+	opts.OnChange, opts.OnConnection = s.record, s.connection
+	sub, err := c.Subscribe(context.Background(), "", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.mu.Lock()
-	s.Sub, s.sub = sub, sub
+	s.Sub = sub
 	s.mu.Unlock()
 	t.Cleanup(sub.Close)
 	return s
-}
-
-// Stall makes the subscriber stop reading: its next change blocks until
-// release is called (which the test's end calls too). A stalled reader
-// fills its regnode queue by count, however fast the machine runs.
-func (s *Subscriber) Stall(t testing.TB) (release func()) {
-	gate := make(chan struct{})
-	s.mu.Lock()
-	s.gate = gate
-	s.mu.Unlock()
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			s.mu.Lock()
-			s.gate = nil
-			s.mu.Unlock()
-			close(gate)
-		})
-	}
-	t.Cleanup(release)
-	return release
 }
 
 // record folds one change into the view this subscriber exposes (a
@@ -216,10 +207,7 @@ func (s *Subscriber) record(ch client.Change) {
 		return
 	}
 	s.mu.Lock()
-	stream := 0
-	if s.sub != nil { // nil only for the first snapshot, on stream 0
-		stream = s.sub.Stats().Reconnects
-	}
+	stream := s.stream
 	if ch.Snapshot {
 		s.cur = map[string]ViewInst{}
 		for _, in := range ch.Instances {
@@ -234,14 +222,20 @@ func (s *Subscriber) record(ch client.Change) {
 		}
 	}
 	s.views = append(s.views, View{Rev: ch.Revision, Reset: ch.Snapshot, NewEpoch: ch.NewEpoch, Stream: stream, Insts: maps.Clone(s.cur)})
-	gate := s.gate
 	s.mu.Unlock()
-	if gate != nil {
-		<-gate
-	}
 	if s.delay > 0 {
 		time.Sleep(s.delay)
 	}
+}
+
+// connection counts the subscription's disconnections.
+func (s *Subscriber) connection(f client.Freshness) {
+	if f.Connected {
+		return
+	}
+	s.mu.Lock()
+	s.stream++
+	s.mu.Unlock()
 }
 
 // Views returns the views recorded so far.

@@ -40,15 +40,16 @@ func TestMain(m *testing.M) {
 
 // env is one scenario's world.
 type env struct {
-	t       *testing.T
-	cl      *Cluster
-	h       *History
-	w       *Workload
-	subs    []*Subscriber
-	cut     []*etcdtest.Proxy // links of subscriber "cut" to each regnode
-	members []*Member         // the external etcd's members, if any
-	stop    context.CancelFunc
-	stopped chan struct{}
+	t         *testing.T
+	cl        *Cluster
+	h         *History
+	w         *Workload
+	subs      []*Subscriber
+	cut       []*etcdtest.Proxy // links of subscriber "cut" to each regnode
+	slowLinks []*etcdtest.Proxy // links of subscriber "slow" to each regnode
+	members   []*Member         // the external etcd's members, if any
+	stop      context.CancelFunc
+	stopped   chan struct{}
 }
 
 func newClient(t testing.TB, endpoints []string, opts ...grpc.DialOption) *client.Client {
@@ -85,16 +86,25 @@ func setup(t *testing.T, o options) *env {
 	}
 	e := &env{t: t, cl: cl, members: o.members}
 	e.h = RecordHistory(t, e.cl.Etcd)
-	var proxied []string
+	var proxied, slowAddrs []string
 	for _, api := range e.cl.APIs() {
 		p := etcdtest.NewProxy(t, api)
 		e.cut = append(e.cut, p)
 		proxied = append(proxied, p.Addr())
+		sp := etcdtest.NewProxy(t, api)
+		e.slowLinks = append(e.slowLinks, sp)
+		slowAddrs = append(slowAddrs, sp.Addr())
 	}
 	e.subs = []*Subscriber{
 		Follow(t, newClient(t, e.cl.APIs()), "all", 0),
 		Follow(t, newClient(t, proxied), "cut", 0),
-		Follow(t, newClient(t, e.cl.APIs(), grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)), "slow", o.slow),
+		// Slow twice over: its callback sleeps per change (behind the
+		// stream, so only its views lag), and its links can be paused
+		// (so its stream stops reading: see TestSlowSubscriber). Its
+		// receive deadline outlasts such a pause, so that it stays on
+		// the stream its regnode resets.
+		FollowWith(t, newClient(t, slowAddrs, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)), "slow", o.slow,
+			client.SubscribeOptions{ReceiveDeadline: time.Minute}),
 	}
 	e.w = NewWorkload(t, "i", e.cl.APIs(), uint64(time.Now().UnixNano()))
 	if o.big {
@@ -439,14 +449,40 @@ func TestSlowSubscriber(t *testing.T) {
 	e := setup(t, options{every: 20 * time.Millisecond, slow: 100 * time.Millisecond, big: true, nodeEnv: []string{"REGNODE_WATCH_QUEUE_SIZE=4"}})
 	slow := e.subs[2]
 	waitUntil(t, "the slow subscriber's first view", func() bool { return len(slow.Views()) > 0 })
-	release := slow.Stall(t)
+	// Its stream stops reading: its links hold traffic both ways (a
+	// blocked callback no longer stalls a stream, see client.OnChange).
+	for _, p := range e.slowLinks {
+		p.Pause()
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			for _, p := range e.slowLinks {
+				p.Resume()
+			}
+		}
+	}
+	defer release()
 	_, from := e.h.Events()
 	waitUntil(t, fmt.Sprint(puts, " records written while it does not read"), func() bool {
 		n, _, _ := e.instanceEventsAfter(from, nil)
 		return n >= puts
 	})
+	resets := func() (n int) {
+		for _, nd := range e.cl.Nodes {
+			n += metric(t, nd, `registry_resets_sent_total\{reason="slow-subscriber"\}`)
+		}
+		return n
+	}
+	waitUntil(t, "a regnode to reset the subscriber that does not read", func() bool { return resets() > 0 })
 	release()
-	waitUntil(t, "the slow subscriber to be reset", func() bool { return slow.Sub.Stats().Resets > 0 })
+	// Reset, not skipped: it shows the reset snapshot (or, had its stream
+	// been lost meanwhile, resumes from its revision on a new one).
+	waitUntil(t, "the slow subscriber to show the reset", func() bool {
+		return slow.Sub.Stats().Resets > 0 || slow.Sub.Stats().Reconnects > 0
+	})
+	t.Logf("slow subscriber: %d resets, %d reconnects", slow.Sub.Stats().Resets, slow.Sub.Stats().Reconnects)
 	e.finish()
 }
 

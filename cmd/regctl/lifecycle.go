@@ -26,8 +26,11 @@ prints the instance.
 
 --wait then waits, up to --timeout, until every live subscriber of the
 service on every regnode has applied the drain: every SDK client (regctl
-watch included) acknowledges on its Subscribe stream what it applied; a
-raw Watch stream acknowledges nothing and is not counted. At the timeout
+watch included) acknowledges on its Subscribe stream what it applied. A
+Watch stream (an older SDK, Config.WatchPerSubscription, the HTTP API's
+watch) cannot acknowledge: it counts once its regnode has sent it the
+drain: one whose client stopped reading holds the wait once its regnode's
+sends to it block on flow control (after about 128 KiB). At the timeout
 it says how many have not, on which regnodes, and exits 1.`,
 		Example: `  regctl drain orders/orders-7f9c --reason "kernel upgrade"
   regctl drain orders/orders-7f9c --wait --timeout 30s`,
@@ -66,25 +69,57 @@ func waitApplied(ctx context.Context, o *options, api registryv1.RegistryClient,
 	}
 	if resp.Done {
 		if !o.json() {
-			_, err = fmt.Fprintf(o.stdout, "applied by all %d live subscribers on %d regnodes\n", resp.Subscribers, len(resp.Nodes))
+			msg := fmt.Sprintf("applied by all %d live subscribers on %d regnodes", resp.Subscribers, len(resp.Nodes))
+			if resp.WatchStreams > 0 {
+				msg += fmt.Sprintf("; %s cannot acknowledge; sent to all", plural(resp.WatchStreams, "Watch stream"))
+			}
+			_, err = fmt.Fprintln(o.stdout, msg)
 		}
 		return err
 	}
 	var parts []string
 	for _, n := range resp.Nodes {
-		switch {
-		case n.Error != "":
+		if n.Error != "" {
 			parts = append(parts, fmt.Sprintf("regnode %s (%s) not asked: %s", n.Node, n.Address, n.Error))
-		case n.Pending > 0:
+			continue
+		}
+		if n.Pending > 0 {
 			var names []string
 			for _, l := range n.Laggards {
 				names = append(names, fmt.Sprintf("%s (%s, at revision %d)", l.Subscriber, l.Peer, l.Revision))
 			}
 			parts = append(parts, fmt.Sprintf("regnode %s (%s): %d of %d: %s", n.Node, n.Address, n.Pending, n.Subscribers, strings.Join(names, ", ")))
 		}
+		if n.WatchPending > 0 {
+			var names []string
+			for _, l := range n.WatchLaggards {
+				if l.Subscriber != "" {
+					names = append(names, fmt.Sprintf("%s (%s, sent up to revision %d)", l.Subscriber, l.Peer, l.Revision))
+				} else {
+					names = append(names, fmt.Sprintf("%s (sent up to revision %d)", l.Peer, l.Revision))
+				}
+			}
+			parts = append(parts, fmt.Sprintf("regnode %s (%s): %d of %d Watch streams not sent it: %s", n.Node, n.Address,
+				n.WatchPending, n.WatchStreams, strings.Join(names, ", ")))
+		}
 	}
-	return fmt.Errorf("%d of %d live subscribers of %s have not applied revision %d after %s; %s",
-		resp.Pending, resp.Subscribers, service, rev, o.timeout, strings.Join(parts, "; "))
+	var what []string
+	if resp.Subscribers > 0 || resp.WatchStreams == 0 {
+		what = append(what, fmt.Sprintf("%d of %d live subscribers of %s have not applied revision %d", resp.Pending, resp.Subscribers, service, rev))
+	}
+	if resp.WatchStreams > 0 {
+		what = append(what, fmt.Sprintf("%d of %d Watch streams of %s (they cannot acknowledge) have not been sent revision %d",
+			resp.WatchPending, resp.WatchStreams, service, rev))
+	}
+	return fmt.Errorf("%s after %s; %s", strings.Join(what, ", and "), o.timeout, strings.Join(parts, "; "))
+}
+
+// plural is "1 thing" or "n things".
+func plural(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 func newUndrainCmd(o *options) *cobra.Command {

@@ -41,6 +41,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(watchChildEnv); addr != "" {
+		os.Exit(watchChild(addr)) // this process is a test's Watch client (drain_wait_test.go)
+	}
 	dir, err := os.MkdirTemp("", "regctl-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -43,7 +43,7 @@ type usageError struct{ error }
 // (configerr.Error.Field), so that a usage error names what to change on
 // the command line.
 var flagOf = map[string]string{
-	"Listen": "--listen", "MetricsListen": "--metrics-listen", "EtcdEndpoints": "--etcd-endpoints",
+	"Listen": "--listen", "AdvertiseAddress": "--advertise-address", "MetricsListen": "--metrics-listen", "EtcdEndpoints": "--etcd-endpoints",
 	"SessionTTL": "--session-ttl", "Prefix": "--prefix", "ProbeInterval": "--probe-interval",
 	"ProbeTimeout": "--probe-timeout", "ProbeConcurrency": "--probe-concurrency",
 	"RingSize": "--watch-ring-size", "QueueSize": "--watch-queue-size", "ShutdownGrace": "--shutdown-grace",
@@ -132,6 +132,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	cmd.SetVersionTemplate("regnode {{.Version}}\n")
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "gRPC API address host:port")
+	f.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "API address host:port other regnodes dial to reach this one, announced for drain --wait (default: --listen; for 0.0.0.0 or ::, the address of this host's default route, or its one address; refused if neither is clear)")
 	f.StringVar(&cfg.Embed.Dir, "data-dir", cfg.Embed.Dir, "embedded etcd data directory")
 	f.Int64Var(&cfg.Embed.QuotaBackendBytes, "quota-backend-bytes", 0, "embedded etcd's space quota in bytes (0: etcd's 2 GiB); past it writes get ResourceExhausted, reads go on")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "use this external etcd cluster (URL,...); embed nothing")

@@ -219,6 +219,10 @@ func TestBadConfigurationExits2(t *testing.T) {
 		{"session ttl too long", nil, []string{"--session-ttl", "90s"}, "--session-ttl: node: Config.SessionTTL must be whole seconds within 2s..1m (0: the default), got 1m30s"},
 		{"relative prefix", map[string]string{"REGNODE_PREFIX": "registry/"}, nil, `--prefix: node: Config.Prefix must start with '/', got "registry/"`},
 		{"zero slow threshold", nil, []string{"--slow-threshold", "0s"}, "--slow-threshold: node: Config.Thresholds.Slow must be > 0, got 0s"},
+		{"advertise address without a port", nil, []string{"--advertise-address", "regnode-0"}, `--advertise-address: node: Config.AdvertiseAddress must be host:port that other regnodes can dial`},
+		{"unspecified advertise address", map[string]string{"REGNODE_ADVERTISE_ADDRESS": "0.0.0.0:7400"}, nil, `--advertise-address: node: Config.AdvertiseAddress must be host:port that other regnodes can dial: a DNS name or an IP address that is not unspecified, and a port of 1..65535, got "0.0.0.0:7400"`},
+		{"advertise port 0", nil, []string{"--advertise-address", "127.0.0.1:0"}, `got "127.0.0.1:0"`},
+		{"advertise host not a name", nil, []string{"--advertise-address", "bad_host:7400"}, `got "bad_host:7400"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.env, tc.args...)

@@ -31,6 +31,8 @@ type Metrics struct {
 	LifecycleWrites    *prometheus.CounterVec // by lifecycle
 	Deregistrations    prometheus.Counter
 	Subscribers        prometheus.Gauge
+	Acks               prometheus.Counter     // acknowledgements received on Subscribe streams
+	AckRequests        prometheus.Counter     // AckRequests sent on Subscribe streams
 	ResetsSent         *prometheus.CounterVec // by reason
 	WatchRestarts      *prometheus.CounterVec // by reason
 	StaleBatches       prometheus.Counter
@@ -64,6 +66,8 @@ func New() *Metrics {
 		LifecycleWrites:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_lifecycle_writes_total", Help: "Drain and undrain writes, by resulting lifecycle."}, []string{"lifecycle"}),
 		Deregistrations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_deregistrations_total", Help: "Instances deleted by Deregister."}),
 		Subscribers:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_subscribers", Help: "Subscriptions served by this regnode: each Watch stream, and each service followed on a Subscribe stream."}),
+		Acks:               prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_subscriber_acks_total", Help: "Acknowledgements of an applied revision received on Subscribe streams (asked for while a drain waits)."}),
+		AckRequests:        prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_ack_requests_total", Help: "Requests to acknowledge a revision sent on Subscribe streams (one per follower of a service a drain waits for)."}),
 		ResetsSent:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_resets_sent_total", Help: "Reset snapshots sent to subscribers, by reason (ring, slow-subscriber, etcd-relist, new-epoch)."}, []string{"reason"}),
 		WatchRestarts:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_etcd_watch_restarts_total", Help: "Times this regnode's etcd watch was re-established, by reason."}, []string{"reason"}),
 		StaleBatches:       prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_stale_batches_total", Help: "Batches refused by a cache because they were older than it."}),
@@ -79,7 +83,7 @@ func New() *Metrics {
 		NotOwner:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_not_owner_total", Help: "KeepAlive and Deregister calls refused with PermissionDenied: no or another registration secret, by method."}, []string{"method"}),
 	}
 	r.MustRegister(m.Limited, m.NotOwner, m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
-		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.ResetsSent, m.WatchRestarts, m.StaleBatches,
+		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.Acks, m.AckRequests, m.ResetsSent, m.WatchRestarts, m.StaleBatches,
 		m.Probes, m.ProbeSeconds, m.Transitions, m.FenceRejections, m.LeaderChanges, m.Leading, m.Requests, m.RequestSeconds)
 	return m
 }

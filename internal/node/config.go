@@ -22,6 +22,16 @@ import (
 type Config struct {
 	// Listen is the API address (default 127.0.0.1:7400; port 0 picks one).
 	Listen string
+	// AdvertiseAddress is the API address other regnodes dial to reach
+	// this one (host:port, a port of 1..65535, a host that is not
+	// unspecified), announced under <prefix>nodes/ so that a WaitApplied
+	// anywhere asks this regnode for its subscribers
+	// (--advertise-address). Empty: Listen as bound (its port 0 is the
+	// port picked), or, when Listen's host is unspecified (0.0.0.0, ::
+	// or empty), this host's one address (see AdvertiseHost), with the
+	// port bound; a regnode that cannot tell which address that is
+	// refuses to start.
+	AdvertiseAddress string
 	// MetricsListen serves /metrics (default 127.0.0.1:7401; "off"
 	// disables it; port 0 picks one).
 	MetricsListen string
@@ -192,6 +202,9 @@ func (c *Config) Validate() error {
 	c = &filled
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return invalid("Listen", c.Listen, "must be host:port")
+	}
+	if err := c.validateAdvertise(); err != nil {
+		return err
 	}
 	if c.MetricsListen != "off" && c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {

@@ -2,6 +2,9 @@ package node_test
 
 import (
 	"errors"
+	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +23,18 @@ func TestConfigValidateFields(t *testing.T) {
 		bad("Listen not host:port", "Listen", func(c *C) { c.Listen = "nope" }),
 		ok("MetricsListen off", func(c *C) { c.MetricsListen = "off" }),
 		bad("MetricsListen junk", "MetricsListen", func(c *C) { c.MetricsListen = "x" }),
+		ok("AdvertiseAddress a DNS name", func(c *C) { c.AdvertiseAddress = "regnode-0.regnode-peers.ns.svc:7400" }),
+		ok("AdvertiseAddress an IPv6 address", func(c *C) { c.AdvertiseAddress = "[fd00::2]:7400" }),
+		ok("AdvertiseAddress port 65535", func(c *C) { c.AdvertiseAddress = "10.0.0.1:65535" }),
+		bad("AdvertiseAddress not host:port", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "regnode-0" }),
+		bad("AdvertiseAddress 0.0.0.0", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "0.0.0.0:7400" }),
+		bad("AdvertiseAddress ::", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "[::]:7400" }),
+		bad("AdvertiseAddress no host", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = ":7400" }),
+		bad("AdvertiseAddress port 0", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "10.0.0.1:0" }),
+		bad("AdvertiseAddress port 65536", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "10.0.0.1:65536" }),
+		bad("AdvertiseAddress port by name", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "10.0.0.1:http" }),
+		bad("AdvertiseAddress not a host name", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "bad_host:7400" }),
+		bad("AdvertiseAddress a label ending in '-'", "AdvertiseAddress", func(c *C) { c.AdvertiseAddress = "regnode-.peers:7400" }),
 		bad("EtcdEndpoints empty entry", "EtcdEndpoints", func(c *C) { c.EtcdEndpoints = []string{"http://127.0.0.1:2379", " "} }),
 		ok("SessionTTL 0 (default)", func(c *C) { c.SessionTTL = 0 }),
 		ok("SessionTTL 2s", func(c *C) { c.SessionTTL = 2 * time.Second }),
@@ -57,5 +72,144 @@ func TestConfigValidateFields(t *testing.T) {
 	err := c.Validate()
 	if !errors.Is(err, peerlimit.ErrInvalidConfig) || err.Error() != "node: Config.Limits.WriteBurst must be at least 1, got 0" {
 		t.Errorf("Limits.WriteBurst 0: %v", err)
+	}
+}
+
+// The advertised host of a regnode listening on every address: the
+// default route's one address; else the host's one address, IPv4 first;
+// none or several refuse, saying which.
+func TestAdvertiseHost(t *testing.T) {
+	ips := func(ss ...string) []net.IP {
+		var out []net.IP
+		for _, s := range ss {
+			out = append(out, net.ParseIP(s))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		listen string
+		host   node.Host
+		want   string // "" for a refusal
+		says   string // in the refusal
+	}{
+		{"0.0.0.0", node.Host{IPs: ips("10.1.2.3")}, "10.1.2.3", ""},
+		{"0.0.0.0", node.Host{IPs: ips("fe80::1", "10.1.2.3", "fd00::2")}, "10.1.2.3", ""},
+		{"::", node.Host{IPs: ips("fe80::1", "10.1.2.3", "fd00::2")}, "10.1.2.3", ""},
+		{"::", node.Host{IPs: ips("fe80::1", "fd00::2")}, "fd00::2", ""},
+		{"", node.Host{IPs: ips("fd00::2")}, "fd00::2", ""},
+		// a bridge beside the default route's interface
+		{"0.0.0.0", node.Host{IPs: ips("192.168.1.5", "172.17.0.1"), Routed: ips("192.168.1.5", "fe80::1")}, "192.168.1.5", ""},
+		{"::", node.Host{IPs: ips("192.168.1.5", "172.17.0.1"), Routed: ips("192.168.1.5")}, "192.168.1.5", ""},
+		{"0.0.0.0", node.Host{IPs: ips("fd00::2")}, "", "no address"},
+		{"0.0.0.0", node.Host{IPs: ips("fe80::1", "169.254.0.9")}, "", "no address"},
+		{"0.0.0.0", node.Host{}, "", "no address"},
+		{"0.0.0.0", node.Host{IPs: ips("10.1.2.3", "172.17.0.1")}, "", "several addresses (10.1.2.3, 172.17.0.1)"},
+		// two on the default route's interface do not settle it
+		{"0.0.0.0", node.Host{IPs: ips("10.1.2.3", "10.1.2.4"), Routed: ips("10.1.2.3", "10.1.2.4")}, "", "several addresses (10.1.2.3, 10.1.2.4)"},
+		{"::", node.Host{IPs: ips("fd00::2", "fd00::3")}, "", "several addresses (fd00::2, fd00::3)"},
+	} {
+		got, err := node.AdvertiseHost(tc.listen, tc.host)
+		if tc.want != "" {
+			if err != nil || got != tc.want {
+				t.Errorf("AdvertiseHost(%q, %v) = %q, %v; want %q", tc.listen, tc.host, got, err, tc.want)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("AdvertiseHost(%q, %v) = %q, %v; want a refusal saying %q", tc.listen, tc.host, got, err, tc.says)
+		}
+	}
+}
+
+// This host's default route, as the default reads it from Linux's
+// /proc/net/route: the interface it names is one of the host's.
+func TestDefaultRouteInterface(t *testing.T) {
+	b, err := os.ReadFile("/proc/net/route")
+	if err != nil {
+		t.Skipf("no /proc/net/route: %v", err)
+	}
+	var want string
+	for _, l := range strings.Split(string(b), "\n")[1:] {
+		if fs := strings.Fields(l); len(fs) >= 8 && fs[1] == "00000000" && fs[7] == "00000000" {
+			want = fs[0] // the first; a host with several default routes is not this test's
+			break
+		}
+	}
+	if got := node.DefaultRouteInterface(); got != want {
+		t.Fatalf("DefaultRouteInterface() = %q; /proc/net/route says %q", got, want)
+	}
+	if want == "" {
+		return
+	}
+	ifc, err := net.InterfaceByName(want)
+	if err != nil {
+		t.Fatalf("the default route's interface %q: %v", want, err)
+	}
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := node.ReadHost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Routed) != len(addrs) || len(h.IPs) < len(h.Routed) {
+		t.Fatalf("ReadHost: %v; want the %d addresses of %s (%v) as routed, among all", h, len(addrs), want, addrs)
+	}
+}
+
+// A regnode listening on every address advertises the host's one address
+// by default; a host with several refuses, naming the field (the flag, in
+// cmd/regnode) and the addresses; an AdvertiseAddress settles it.
+func TestValidateAdvertiseDefault(t *testing.T) {
+	c := node.DefaultConfig()
+	c.Listen, c.Insecure = "0.0.0.0:7400", true
+	defer node.SetHost(nil, "192.0.2.7", "fe80::1")()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("one address: %v", err)
+	}
+	defer node.SetHost([]string{"192.0.2.7"}, "192.0.2.7", "172.17.0.1")()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("one address on the default route: %v", err)
+	}
+	defer node.SetHost(nil, "192.0.2.7", "172.17.0.1")()
+	err := c.Validate()
+	want := "node: Config.AdvertiseAddress must be set to the HOST:PORT other regnodes dial: --listen 0.0.0.0:7400 is every address of this host, " +
+		"and this host has several addresses (192.0.2.7, 172.17.0.1) and no one default route's address to choose"
+	if !errors.Is(err, node.ErrInvalidConfig) || err.Error() != want {
+		t.Fatalf("several addresses: %v\nwant %s", err, want)
+	}
+	c.Listen = "[::]:7400"
+	if err := c.Validate(); err == nil {
+		t.Fatal("several addresses, listening on ::: accepted")
+	}
+	c.AdvertiseAddress = "192.0.2.7:7400"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("several addresses and an AdvertiseAddress: %v", err)
+	}
+	c.AdvertiseAddress, c.Listen = "", "127.0.0.1:7400"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("several addresses, listening on loopback: %v", err)
+	}
+}
+
+// The address announced: AdvertiseAddress; else the listener as bound, its
+// unspecified host (Go binds 0.0.0.0 as [::]) replaced by the host's
+// address, with the port bound.
+func TestAdvertiseFor(t *testing.T) {
+	defer node.SetHost([]string{"192.0.2.7"}, "192.0.2.7", "fd00::7", "172.17.0.1")()
+	for _, tc := range []struct{ advertise, bound, want string }{
+		{"regnode-0.peers.ns.svc:7400", "[::]:7400", "regnode-0.peers.ns.svc:7400"},
+		{"", "127.0.0.1:41234", "127.0.0.1:41234"},
+		{"", "[::]:41234", "192.0.2.7:41234"},
+		{"", "0.0.0.0:7400", "192.0.2.7:7400"},
+	} {
+		if got, err := node.AdvertiseFor(tc.advertise, tc.bound); err != nil || got != tc.want {
+			t.Errorf("AdvertiseFor(%q, %q) = %q, %v; want %q", tc.advertise, tc.bound, got, err, tc.want)
+		}
+	}
+	defer node.SetHost(nil, "192.0.2.7", "192.0.2.8")()
+	if got, err := node.AdvertiseFor("", "[::]:7400"); err == nil || !strings.Contains(err.Error(), "set --advertise-address") {
+		t.Errorf("several addresses: %q, %v; want a refusal naming --advertise-address", got, err)
 	}
 }

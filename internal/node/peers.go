@@ -17,22 +17,30 @@ import (
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
-// Regnodes announce themselves: <prefix>nodes/<API address> holds the
-// regnode's name under a session lease (keyed by address, not name: the
-// address is what a peer dials, and it is unique where names need not be,
-// e.g. several regnodes of a host with the default name on port 0), so that the key lives exactly as long as the
-// regnode does (a killed one's key goes when its lease expires). A regnode
-// answering WaitApplied reads the announcements and asks every other
-// regnode for its subscribers. etcd is the one place every regnode, and
-// every caller through any regnode, agrees on who is there; a list given
-// to regctl or the SDK could miss a regnode they were not told of.
+// Regnodes announce themselves: <prefix>nodes/<advertised API address>
+// holds the regnode's name under a session lease (keyed by address, not
+// name: the address is what a peer dials, and it is unique where names
+// need not be, e.g. several regnodes of a host with the default name on
+// port 0), so that the key lives exactly as long as the regnode does (a
+// killed one's key goes when its lease expires). A regnode answering
+// WaitApplied reads the announcements and asks every other regnode for
+// its subscribers. etcd is the one place every regnode, and every caller
+// through any regnode, agrees on who is there; a list given to regctl or
+// the SDK could miss a regnode they were not told of.
+//
+// The address announced is Config.AdvertiseAddress (advertise.go), by
+// default the listener's, which is dialable except when its host is
+// unspecified: a regnode on 0.0.0.0:7400 announcing "0.0.0.0:7400" would
+// be dialed by every peer as the peer itself (and every such regnode
+// would write the same key). For that case advertise.go chooses the
+// host's address, or refuses to start where it cannot tell.
 
 // nodesKey is where the announcements live.
 func nodesKey(prefix string) string { return prefix + "nodes/" }
 
-// announce writes this regnode's announcement under a new session; the
-// session is returned for keep to hold.
-func (n *Node) announce(ctx context.Context) (*concurrency.Session, error) {
+// announce writes this regnode's announcement of addr (advertiseAddr)
+// under a new session; the session is returned for keepAnnounced to hold.
+func (n *Node) announce(ctx context.Context, addr string) (*concurrency.Session, error) {
 	ttl := int(n.cfg.SessionTTL / time.Second)
 	if ttl <= 0 {
 		ttl = 10
@@ -49,9 +57,9 @@ func (n *Node) announce(ctx context.Context) (*concurrency.Session, error) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := n.cli.Put(pctx, nodesKey(n.cfg.Prefix)+n.Addr(), n.cfg.Name, clientv3.WithLease(sess.Lease())); err != nil {
+	if _, err := n.cli.Put(pctx, nodesKey(n.cfg.Prefix)+addr, n.cfg.Name, clientv3.WithLease(sess.Lease())); err != nil {
 		sess.Close()
-		return nil, fmt.Errorf("announce regnode %s at %s: %w", n.cfg.Name, n.Addr(), err)
+		return nil, fmt.Errorf("announce regnode %s at %s: %w", n.cfg.Name, addr, err)
 	}
 	return sess, nil
 }
@@ -59,7 +67,7 @@ func (n *Node) announce(ctx context.Context) (*concurrency.Session, error) {
 // keepAnnounced holds sess until ctx ends, when the regnode stops (then
 // revokes it: the key goes at once), announcing again whenever the session
 // is lost.
-func (n *Node) keepAnnounced(ctx context.Context, sess *concurrency.Session) {
+func (n *Node) keepAnnounced(ctx context.Context, sess *concurrency.Session, addr string) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -69,7 +77,7 @@ func (n *Node) keepAnnounced(ctx context.Context, sess *concurrency.Session) {
 		}
 		n.log.Warn("regnode announcement session lost; announcing again", "node", n.cfg.Name)
 		for {
-			s, err := n.announce(ctx)
+			s, err := n.announce(ctx, addr)
 			if err == nil {
 				sess = s
 				break

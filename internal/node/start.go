@@ -265,9 +265,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		Close: func() error { n.lis.Close(); return nil }}); err != nil {
 		return nil, err
 	}
+	advertise, err := n.advertiseAddr()
+	if err != nil {
+		return nil, err
+	}
 	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
 		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey,
-		Addr: n.Addr(), Peers: n.peers, DialPeer: n.dialPeer})
+		Addr: advertise, Peers: n.peers, DialPeer: n.dialPeer})
 	if err != nil {
 		return nil, err
 	}
@@ -277,8 +281,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// counting it while it drains.
 	var sess *concurrency.Session
 	if err = n.life.Start(ctx, stopper.Component{Name: "announcement",
-		Start:   func(ctx context.Context) (err error) { sess, err = n.announce(ctx); return err },
-		Run:     func(ctx context.Context) error { n.keepAnnounced(ctx, sess); return nil },
+		Start:   func(ctx context.Context) (err error) { sess, err = n.announce(ctx, advertise); return err },
+		Run:     func(ctx context.Context) error { n.keepAnnounced(ctx, sess, advertise); return nil },
 		Quiesce: true}); err != nil {
 		return nil, err
 	}
@@ -344,7 +348,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.etcd == nil {
 		mode = "external etcd " + strings.Join(endpoints, ",")
 	}
-	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "metrics", n.MetricsAddr(),
+	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "advertise", advertise, "metrics", n.MetricsAddr(),
 		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "", "auth", cfg.Auth,
 		"etcd", mode, "prefix", cfg.Prefix)
 	n.up = true

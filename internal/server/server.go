@@ -618,6 +618,14 @@ func (s *Server) List(ctx context.Context, req *registryv1.ListRequest) (*regist
 // regnode gets OutOfRange with reason ReasonRevisionAhead. Every message
 // goes out as bytes the hub encoded once for all the subscribers of the
 // service: the server must run with DecodeOptions' codec.
+//
+// The stream is a live subscriber for WaitApplied for as long as it runs,
+// one that cannot acknowledge: it counts by the highest revision handed
+// to its transport (an atomic of its own, stored after each unit; see
+// subscribers.sent). A client that stopped reading is counted as sent
+// what fits its HTTP/2 flow-control window and the transport's write
+// quota; past that the sends block, so it holds a drain's wait and is
+// named.
 func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_WatchServer) error {
 	if s.cfg.Hub == nil {
 		return status.Error(codes.Unimplemented, "this regnode serves no subscriptions")
@@ -640,6 +648,8 @@ func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_
 		return toStatus(err)
 	}
 	defer sub.Close()
+	ws := s.subs.addWatch(req.Service, req.Subscriber, peerAddr(ctx), req.FromRevision)
+	defer s.subs.removeWatch(ws)
 	for {
 		u, err := sub.Next(ctx)
 		if err != nil {
@@ -651,6 +661,7 @@ func (s *Server) Watch(req *registryv1.WatchRequest, stream registryv1.Registry_
 		if err := sendUnit(stream, u); err != nil {
 			return err
 		}
+		s.subs.sent(ws, u.Revision())
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -31,8 +30,8 @@ import (
 // per-peer stream cap counts the stream once, whatever it carries.
 //
 // Every service on a stream is a live subscriber in this regnode's table
-// (subscribers), with the revision the client last acknowledged: that is
-// what WaitApplied counts.
+// (subscribers.go), with the revision the client last acknowledged: that,
+// and the revision each Watch stream was sent, is what WaitApplied counts.
 
 // follower is one service followed on one Subscribe stream: a live
 // subscriber of that service on this regnode.
@@ -55,82 +54,8 @@ type muxStream struct {
 	sendMu  sync.Mutex
 	send    func(*registryv1.SubscribeResponse) error
 	sendRaw func(Encoded) error // bytes of a SubscribeResponse, sent as they are
-}
 
-// subscribers is this regnode's table of the services followed on its
-// Subscribe streams and the revision each acknowledged. The zero value is
-// ready.
-type subscribers struct {
-	mu      sync.Mutex
-	all     map[*follower]struct{}
-	changed chan struct{} // closed and replaced on every change
-}
-
-func (t *subscribers) add(f *follower) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.all == nil {
-		t.all = map[*follower]struct{}{}
-	}
-	t.all[f] = struct{}{}
-	t.notifyLocked()
-}
-
-func (t *subscribers) remove(f *follower) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.all, f)
-	t.notifyLocked()
-}
-
-// ack records that f's client applied its service up to rev.
-func (t *subscribers) ack(f *follower, rev int64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if rev > f.acked {
-		f.acked = rev
-		t.notifyLocked()
-	}
-}
-
-func (t *subscribers) rename(ms *muxStream, name string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	ms.name = name
-}
-
-func (t *subscribers) notifyLocked() {
-	if t.changed != nil {
-		close(t.changed)
-	}
-	t.changed = make(chan struct{})
-}
-
-// pending counts the live subscribers of service (those of every service
-// included) and lists those that have not acknowledged rev; changed is
-// closed at the next change of the table.
-func (t *subscribers) pending(service string, rev int64) (live int, behind []*registryv1.Laggard, changed <-chan struct{}) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.changed == nil {
-		t.changed = make(chan struct{})
-	}
-	for f := range t.all {
-		if f.service != service && f.service != "" {
-			continue
-		}
-		live++
-		if f.acked < rev {
-			behind = append(behind, &registryv1.Laggard{Subscriber: f.stream.name, Peer: f.stream.peer, Revision: f.acked})
-		}
-	}
-	sort.Slice(behind, func(i, j int) bool {
-		if behind[i].Subscriber != behind[j].Subscriber {
-			return behind[i].Subscriber < behind[j].Subscriber
-		}
-		return behind[i].Peer < behind[j].Peer
-	})
-	return live, behind, t.changed
+	asks *asker // AckRequests (ackask.go)
 }
 
 // MaxStreamServices bounds the services one Subscribe stream follows at
@@ -150,13 +75,19 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 		return err
 	}
 	defer release()
+	// Sent with the first message: this regnode asks for acks.
+	if err := stream.SetHeader(ackHeader()); err != nil {
+		return err
+	}
 	ms := &muxStream{peer: peerAddr(ctx), send: stream.Send,
 		sendRaw: func(b Encoded) error { return stream.SendMsg(b) }}
+	ms.asks = newAsker(ms, s.m.AckRequests.Inc)
 	followers := map[string]*follower{}
 	defer func() {
 		for _, f := range followers {
 			s.stopFollower(f)
 		}
+		ms.asks.stop()
 	}()
 	for {
 		req, err := stream.Recv()
@@ -193,6 +124,7 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 				delete(followers, k.Remove.Service)
 			}
 		case *registryv1.SubscribeRequest_Ack:
+			s.m.Acks.Inc()
 			if f := followers[k.Ack.Service]; f != nil {
 				s.subs.ack(f, k.Ack.Revision)
 			}
@@ -333,9 +265,10 @@ type Peer struct {
 const MaxWaitApplied = time.Hour
 
 // WaitApplied waits until every live subscriber of the service has
-// acknowledged the revision, on this regnode only (local) or on every
-// regnode Config.Peers names, or until the timeout; the answer says, per
-// regnode, how many have not and which.
+// acknowledged the revision and every Watch stream of it has been sent it
+// (see subscribers), on this regnode only (local) or on every regnode
+// Config.Peers names, or until the timeout; the answer says, per regnode,
+// how many have not and which.
 func (s *Server) WaitApplied(ctx context.Context, req *registryv1.WaitAppliedRequest) (*registryv1.WaitAppliedResponse, error) {
 	if err := record.ValidService(req.Service); err != nil {
 		return nil, toStatus(err)
@@ -386,12 +319,14 @@ func (s *Server) WaitApplied(ctx context.Context, req *registryv1.WaitAppliedReq
 }
 
 // waitLocal waits, until ctx ends, for this regnode's subscribers of
-// service to acknowledge rev.
+// service to acknowledge rev and its Watch streams of service to be sent
+// it.
 func (s *Server) waitLocal(ctx context.Context, service string, rev int64) *registryv1.NodeApplied {
+	defer s.subs.wait(service, rev)()
 	for {
-		live, behind, changed := s.subs.pending(service, rev)
-		n := &registryv1.NodeApplied{Node: s.cfg.Node, Address: s.cfg.Addr, Subscribers: int64(live), Pending: int64(len(behind)), Laggards: behind}
-		if len(behind) == 0 {
+		n, changed := s.subs.pending(service, rev)
+		n.Node, n.Address = s.cfg.Node, s.cfg.Addr
+		if n.Pending == 0 && n.WatchPending == 0 {
 			return n
 		}
 		select {
@@ -444,13 +379,15 @@ func (s *Server) askPeer(ctx context.Context, p Peer, service string, rev int64,
 }
 
 // total sums the regnodes' parts; done only if every regnode answered and
-// none has a subscriber pending.
+// none has a subscriber or a Watch stream pending.
 func total(nodes []*registryv1.NodeApplied) *registryv1.WaitAppliedResponse {
 	r := &registryv1.WaitAppliedResponse{Done: true, Nodes: nodes}
 	for _, n := range nodes {
 		r.Subscribers += n.Subscribers
 		r.Pending += n.Pending
-		if n.Pending > 0 || n.Error != "" {
+		r.WatchStreams += n.WatchStreams
+		r.WatchPending += n.WatchPending
+		if n.Pending > 0 || n.WatchPending > 0 || n.Error != "" {
 			r.Done = false
 		}
 	}

@@ -342,7 +342,7 @@ func (x TokenScope_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TokenScope_Kind.Descriptor instead.
 func (TokenScope_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37, 0}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38, 0}
 }
 
 // HealthCheck is the per-instance check spec. Zero fields take the
@@ -1623,7 +1623,11 @@ type WatchRequest struct {
 	// epoch of from_revision (WatchResponse.epoch of the view). A regnode on
 	// another epoch answers with a new_epoch reset snapshot. Empty: the
 	// revision is taken to be of this regnode's epoch.
-	Epoch         string `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch string `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// subscriber names the client (e.g. host/pid) in drain reports, as
+	// SubscribeRequest.subscriber does. A Watch stream acknowledges nothing:
+	// WaitApplied counts it by the revisions the regnode has sent it.
+	Subscriber    string `protobuf:"bytes,4,opt,name=subscriber,proto3" json:"subscriber,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1675,6 +1679,13 @@ func (x *WatchRequest) GetFromRevision() int64 {
 func (x *WatchRequest) GetEpoch() string {
 	if x != nil {
 		return x.Epoch
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetSubscriber() string {
+	if x != nil {
+		return x.Subscriber
 	}
 	return ""
 }
@@ -2739,10 +2750,16 @@ func (x *SubscribeError) GetMetadata() map[string]string {
 // end of that service's subscription. Field order is wire order: a server
 // may send a WatchResponse encoded once for many streams as field 2.
 type SubscribeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
-	Unit          *WatchResponse         `protobuf:"bytes,2,opt,name=unit,proto3" json:"unit,omitempty"`
-	Error         *SubscribeError        `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Unit    *WatchResponse         `protobuf:"bytes,2,opt,name=unit,proto3" json:"unit,omitempty"`
+	Error   *SubscribeError        `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// ack_request asks the client to acknowledge service once it has
+	// applied it up to revision (at once if it already has). A regnode
+	// that says so in the stream's header (registry-acks: requested) asks
+	// whenever a drain waits, and its clients acknowledge only what is
+	// asked; without that header a client acknowledges every unit.
+	AckRequest    *AckRequest `protobuf:"bytes,4,opt,name=ack_request,json=ackRequest,proto3" json:"ack_request,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2798,6 +2815,58 @@ func (x *SubscribeResponse) GetError() *SubscribeError {
 	return nil
 }
 
+func (x *SubscribeResponse) GetAckRequest() *AckRequest {
+	if x != nil {
+		return x.AckRequest
+	}
+	return nil
+}
+
+// AckRequest: see SubscribeResponse.ack_request.
+type AckRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AckRequest) Reset() {
+	*x = AckRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckRequest) ProtoMessage() {}
+
+func (x *AckRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
+func (*AckRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *AckRequest) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // WaitAppliedRequest asks until when every live subscriber of service
 // (those of every service included) has acknowledged revision.
 type WaitAppliedRequest struct {
@@ -2815,7 +2884,7 @@ type WaitAppliedRequest struct {
 
 func (x *WaitAppliedRequest) Reset() {
 	*x = WaitAppliedRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2827,7 +2896,7 @@ func (x *WaitAppliedRequest) String() string {
 func (*WaitAppliedRequest) ProtoMessage() {}
 
 func (x *WaitAppliedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2840,7 +2909,7 @@ func (x *WaitAppliedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitAppliedRequest.ProtoReflect.Descriptor instead.
 func (*WaitAppliedRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WaitAppliedRequest) GetService() string {
@@ -2871,19 +2940,24 @@ func (x *WaitAppliedRequest) GetLocal() bool {
 	return false
 }
 
-// Laggard is one live subscriber that has not applied the revision.
+// Laggard is one live subscriber that has not applied the revision (in
+// NodeApplied.laggards), or one Watch stream that has not been sent it (in
+// NodeApplied.watch_laggards).
 type Laggard struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Subscriber    string                 `protobuf:"bytes,1,opt,name=subscriber,proto3" json:"subscriber,omitempty"` // as the client named itself
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`             // its address as the regnode sees it
-	Revision      int64                  `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`    // the revision it acknowledged last
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Subscriber string                 `protobuf:"bytes,1,opt,name=subscriber,proto3" json:"subscriber,omitempty"` // as the client named itself ("" if it did not)
+	Peer       string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`             // its address as the regnode sees it
+	// the revision it acknowledged last; of a Watch stream, the highest
+	// revision the regnode has handed to its transport for it (or its
+	// resume point, if higher)
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Laggard) Reset() {
 	*x = Laggard{}
-	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +2969,7 @@ func (x *Laggard) String() string {
 func (*Laggard) ProtoMessage() {}
 
 func (x *Laggard) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +2982,7 @@ func (x *Laggard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Laggard.ProtoReflect.Descriptor instead.
 func (*Laggard) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Laggard) GetSubscriber() string {
@@ -2934,20 +3008,32 @@ func (x *Laggard) GetRevision() int64 {
 
 // NodeApplied is one regnode's part of a WaitApplied answer.
 type NodeApplied struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	Subscribers   int64                  `protobuf:"varint,3,opt,name=subscribers,proto3" json:"subscribers,omitempty"` // live subscribers of the service
-	Pending       int64                  `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"`         // of those, how many have not applied it
-	Laggards      []*Laggard             `protobuf:"bytes,5,rep,name=laggards,proto3" json:"laggards,omitempty"`
-	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"` // the regnode could not be asked: its count is unknown
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Address string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// live subscribers of the service that acknowledge what they applied
+	// (services followed on Subscribe streams)
+	Subscribers int64      `protobuf:"varint,3,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
+	Pending     int64      `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"` // of those, how many have not applied it
+	Laggards    []*Laggard `protobuf:"bytes,5,rep,name=laggards,proto3" json:"laggards,omitempty"`
+	Error       string     `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"` // the regnode could not be asked: its count is unknown
+	// Watch streams of the service (and of every service): live subscribers
+	// that cannot acknowledge. A Watch stream counts as done once the
+	// regnode has handed the revision to its transport (it cannot say what
+	// its client applied). One whose client stopped reading (paused, stuck)
+	// stays pending once its HTTP/2 flow-control window is full, when the
+	// regnode's sends to it block; until then (about 128 KiB with grpc-go's
+	// default windows, more after its BDP growth) it is counted as sent.
+	WatchStreams  int64      `protobuf:"varint,7,opt,name=watch_streams,json=watchStreams,proto3" json:"watch_streams,omitempty"`
+	WatchPending  int64      `protobuf:"varint,8,opt,name=watch_pending,json=watchPending,proto3" json:"watch_pending,omitempty"` // of those, how many have not been sent it
+	WatchLaggards []*Laggard `protobuf:"bytes,9,rep,name=watch_laggards,json=watchLaggards,proto3" json:"watch_laggards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeApplied) Reset() {
 	*x = NodeApplied{}
-	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2959,7 +3045,7 @@ func (x *NodeApplied) String() string {
 func (*NodeApplied) ProtoMessage() {}
 
 func (x *NodeApplied) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2972,7 +3058,7 @@ func (x *NodeApplied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeApplied.ProtoReflect.Descriptor instead.
 func (*NodeApplied) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{35}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeApplied) GetNode() string {
@@ -3017,19 +3103,44 @@ func (x *NodeApplied) GetError() string {
 	return ""
 }
 
+func (x *NodeApplied) GetWatchStreams() int64 {
+	if x != nil {
+		return x.WatchStreams
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetWatchPending() int64 {
+	if x != nil {
+		return x.WatchPending
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetWatchLaggards() []*Laggard {
+	if x != nil {
+		return x.WatchLaggards
+	}
+	return nil
+}
+
 type WaitAppliedResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Done          bool                   `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"` // every live subscriber of every regnode applied it
-	Subscribers   int64                  `protobuf:"varint,2,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
-	Pending       int64                  `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
-	Nodes         []*NodeApplied         `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// every live subscriber of every regnode applied it (acknowledged it,
+	// or, on a Watch stream, was sent it), and every regnode answered
+	Done          bool           `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"`
+	Subscribers   int64          `protobuf:"varint,2,opt,name=subscribers,proto3" json:"subscribers,omitempty"` // the sum of NodeApplied.subscribers
+	Pending       int64          `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
+	Nodes         []*NodeApplied `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	WatchStreams  int64          `protobuf:"varint,5,opt,name=watch_streams,json=watchStreams,proto3" json:"watch_streams,omitempty"` // the sum of NodeApplied.watch_streams
+	WatchPending  int64          `protobuf:"varint,6,opt,name=watch_pending,json=watchPending,proto3" json:"watch_pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WaitAppliedResponse) Reset() {
 	*x = WaitAppliedResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	mi := &file_registry_v1_registry_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3041,7 +3152,7 @@ func (x *WaitAppliedResponse) String() string {
 func (*WaitAppliedResponse) ProtoMessage() {}
 
 func (x *WaitAppliedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	mi := &file_registry_v1_registry_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3054,7 +3165,7 @@ func (x *WaitAppliedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitAppliedResponse.ProtoReflect.Descriptor instead.
 func (*WaitAppliedResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{36}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WaitAppliedResponse) GetDone() bool {
@@ -3085,6 +3196,20 @@ func (x *WaitAppliedResponse) GetNodes() []*NodeApplied {
 	return nil
 }
 
+func (x *WaitAppliedResponse) GetWatchStreams() int64 {
+	if x != nil {
+		return x.WatchStreams
+	}
+	return 0
+}
+
+func (x *WaitAppliedResponse) GetWatchPending() int64 {
+	if x != nil {
+		return x.WatchPending
+	}
+	return 0
+}
+
 // TokenScope is what a token's role applies to: one service, every
 // service whose name starts with a prefix, or all services.
 type TokenScope struct {
@@ -3097,7 +3222,7 @@ type TokenScope struct {
 
 func (x *TokenScope) Reset() {
 	*x = TokenScope{}
-	mi := &file_registry_v1_registry_proto_msgTypes[37]
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3109,7 +3234,7 @@ func (x *TokenScope) String() string {
 func (*TokenScope) ProtoMessage() {}
 
 func (x *TokenScope) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[37]
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3122,7 +3247,7 @@ func (x *TokenScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenScope.ProtoReflect.Descriptor instead.
 func (*TokenScope) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TokenScope) GetKind() TokenScope_Kind {
@@ -3155,7 +3280,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3167,7 +3292,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3180,7 +3305,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TokenInfo) GetName() string {
@@ -3244,7 +3369,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3256,7 +3381,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3269,7 +3394,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CreateTokenRequest) GetName() string {
@@ -3310,7 +3435,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3447,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3460,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -3360,7 +3485,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +3497,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +3510,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
 }
 
 type ListTokensResponse struct {
@@ -3397,7 +3522,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3409,7 +3534,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3422,7 +3547,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3441,7 +3566,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[43]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3453,7 +3578,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[43]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3466,7 +3591,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RevokeTokenRequest) GetName() string {
@@ -3485,7 +3610,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[44]
+	mi := &file_registry_v1_registry_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3497,7 +3622,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[44]
+	mi := &file_registry_v1_registry_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3510,7 +3635,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RevokeTokenResponse) GetRevision() int64 {
@@ -3630,11 +3755,14 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x18\n" +
 	"\askipped\x18\x03 \x01(\x03R\askipped\x12&\n" +
 	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\tR\x05epoch\"c\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epoch\"\x83\x01\n" +
 	"\fWatchRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12#\n" +
 	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\tR\x05epoch\"\x86\x01\n" +
+	"\x05epoch\x18\x03 \x01(\tR\x05epoch\x12\x1e\n" +
+	"\n" +
+	"subscriber\x18\x04 \x01(\tR\n" +
+	"subscriber\"\x86\x01\n" +
 	"\bSnapshot\x123\n" +
 	"\tinstances\x18\x01 \x03(\v2\x15.registry.v1.InstanceR\tinstances\x12\x14\n" +
 	"\x05reset\x18\x02 \x01(\bR\x05reset\x12\x1b\n" +
@@ -3721,11 +3849,16 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\bmetadata\x18\x04 \x03(\v2).registry.v1.SubscribeError.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xca\x01\n" +
 	"\x11SubscribeResponse\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12.\n" +
 	"\x04unit\x18\x02 \x01(\v2\x1a.registry.v1.WatchResponseR\x04unit\x121\n" +
-	"\x05error\x18\x03 \x01(\v2\x1b.registry.v1.SubscribeErrorR\x05error\"\x95\x01\n" +
+	"\x05error\x18\x03 \x01(\v2\x1b.registry.v1.SubscribeErrorR\x05error\x128\n" +
+	"\vack_request\x18\x04 \x01(\v2\x17.registry.v1.AckRequestR\n" +
+	"ackRequest\"(\n" +
+	"\n" +
+	"AckRequest\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\"\x95\x01\n" +
 	"\x12WaitAppliedRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x123\n" +
@@ -3736,19 +3869,24 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"subscriber\x18\x01 \x01(\tR\n" +
 	"subscriber\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x03R\brevision\"\xbf\x01\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"\xc6\x02\n" +
 	"\vNodeApplied\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12 \n" +
 	"\vsubscribers\x18\x03 \x01(\x03R\vsubscribers\x12\x18\n" +
 	"\apending\x18\x04 \x01(\x03R\apending\x120\n" +
 	"\blaggards\x18\x05 \x03(\v2\x14.registry.v1.LaggardR\blaggards\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\x95\x01\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12#\n" +
+	"\rwatch_streams\x18\a \x01(\x03R\fwatchStreams\x12#\n" +
+	"\rwatch_pending\x18\b \x01(\x03R\fwatchPending\x12;\n" +
+	"\x0ewatch_laggards\x18\t \x03(\v2\x14.registry.v1.LaggardR\rwatchLaggards\"\xdf\x01\n" +
 	"\x13WaitAppliedResponse\x12\x12\n" +
 	"\x04done\x18\x01 \x01(\bR\x04done\x12 \n" +
 	"\vsubscribers\x18\x02 \x01(\x03R\vsubscribers\x12\x18\n" +
 	"\apending\x18\x03 \x01(\x03R\apending\x12.\n" +
-	"\x05nodes\x18\x04 \x03(\v2\x18.registry.v1.NodeAppliedR\x05nodes\"\xa3\x01\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x18.registry.v1.NodeAppliedR\x05nodes\x12#\n" +
+	"\rwatch_streams\x18\x05 \x01(\x03R\fwatchStreams\x12#\n" +
+	"\rwatch_pending\x18\x06 \x01(\x03R\fwatchPending\"\xa3\x01\n" +
 	"\n" +
 	"TokenScope\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.registry.v1.TokenScope.KindR\x04kind\x12\x14\n" +
@@ -3835,7 +3973,7 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Lifecycle)(0),                // 0: registry.v1.Lifecycle
 	(HealthState)(0),              // 1: registry.v1.HealthState
@@ -3876,39 +4014,40 @@ var file_registry_v1_registry_proto_goTypes = []any{
 	(*SubscribeAck)(nil),          // 36: registry.v1.SubscribeAck
 	(*SubscribeError)(nil),        // 37: registry.v1.SubscribeError
 	(*SubscribeResponse)(nil),     // 38: registry.v1.SubscribeResponse
-	(*WaitAppliedRequest)(nil),    // 39: registry.v1.WaitAppliedRequest
-	(*Laggard)(nil),               // 40: registry.v1.Laggard
-	(*NodeApplied)(nil),           // 41: registry.v1.NodeApplied
-	(*WaitAppliedResponse)(nil),   // 42: registry.v1.WaitAppliedResponse
-	(*TokenScope)(nil),            // 43: registry.v1.TokenScope
-	(*TokenInfo)(nil),             // 44: registry.v1.TokenInfo
-	(*CreateTokenRequest)(nil),    // 45: registry.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 46: registry.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 47: registry.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 48: registry.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),    // 49: registry.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),   // 50: registry.v1.RevokeTokenResponse
-	nil,                           // 51: registry.v1.Instance.MetadataEntry
-	nil,                           // 52: registry.v1.SubscribeError.MetadataEntry
-	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
+	(*AckRequest)(nil),            // 39: registry.v1.AckRequest
+	(*WaitAppliedRequest)(nil),    // 40: registry.v1.WaitAppliedRequest
+	(*Laggard)(nil),               // 41: registry.v1.Laggard
+	(*NodeApplied)(nil),           // 42: registry.v1.NodeApplied
+	(*WaitAppliedResponse)(nil),   // 43: registry.v1.WaitAppliedResponse
+	(*TokenScope)(nil),            // 44: registry.v1.TokenScope
+	(*TokenInfo)(nil),             // 45: registry.v1.TokenInfo
+	(*CreateTokenRequest)(nil),    // 46: registry.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 47: registry.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),     // 48: registry.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 49: registry.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),    // 50: registry.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),   // 51: registry.v1.RevokeTokenResponse
+	nil,                           // 52: registry.v1.Instance.MetadataEntry
+	nil,                           // 53: registry.v1.SubscribeError.MetadataEntry
+	(*durationpb.Duration)(nil),   // 54: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	2,  // 0: registry.v1.HealthCheck.kind:type_name -> registry.v1.CheckKind
-	53, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	53, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
-	53, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
+	54, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	54, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	54, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
 	1,  // 4: registry.v1.Health.state:type_name -> registry.v1.HealthState
-	54, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
-	53, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
-	51, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
+	55, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
+	54, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
+	52, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
 	6,  // 8: registry.v1.Instance.check:type_name -> registry.v1.HealthCheck
 	0,  // 9: registry.v1.Instance.lifecycle:type_name -> registry.v1.Lifecycle
 	7,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
-	54, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	54, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
+	55, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	55, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
 	8,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
-	53, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
+	54, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
 	8,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
 	8,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
 	8,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
@@ -3926,56 +4065,58 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	34, // 29: registry.v1.SubscribeRequest.add:type_name -> registry.v1.SubscribeAdd
 	35, // 30: registry.v1.SubscribeRequest.remove:type_name -> registry.v1.SubscribeRemove
 	36, // 31: registry.v1.SubscribeRequest.ack:type_name -> registry.v1.SubscribeAck
-	52, // 32: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
+	53, // 32: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
 	28, // 33: registry.v1.SubscribeResponse.unit:type_name -> registry.v1.WatchResponse
 	37, // 34: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
-	53, // 35: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
-	40, // 36: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
-	41, // 37: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
-	5,  // 38: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
-	3,  // 39: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
-	43, // 40: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
-	54, // 41: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	54, // 42: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	54, // 43: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
-	3,  // 44: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
-	43, // 45: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
-	53, // 46: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	44, // 47: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
-	44, // 48: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
-	9,  // 49: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	11, // 50: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	13, // 51: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	15, // 52: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	17, // 53: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	19, // 54: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	21, // 55: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	23, // 56: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	29, // 57: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	33, // 58: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
-	39, // 59: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
-	45, // 60: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
-	47, // 61: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
-	49, // 62: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
-	10, // 63: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	12, // 64: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	14, // 65: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	16, // 66: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	18, // 67: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	20, // 68: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	22, // 69: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	28, // 70: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	32, // 71: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	38, // 72: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
-	42, // 73: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
-	46, // 74: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
-	48, // 75: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
-	50, // 76: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
-	63, // [63:77] is the sub-list for method output_type
-	49, // [49:63] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	39, // 35: registry.v1.SubscribeResponse.ack_request:type_name -> registry.v1.AckRequest
+	54, // 36: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
+	41, // 37: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
+	41, // 38: registry.v1.NodeApplied.watch_laggards:type_name -> registry.v1.Laggard
+	42, // 39: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
+	5,  // 40: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
+	3,  // 41: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
+	44, // 42: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
+	55, // 43: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	55, // 44: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	55, // 45: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
+	3,  // 46: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
+	44, // 47: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
+	54, // 48: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	45, // 49: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
+	45, // 50: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
+	9,  // 51: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	11, // 52: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	13, // 53: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	15, // 54: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	17, // 55: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	19, // 56: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	21, // 57: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	23, // 58: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	29, // 59: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	33, // 60: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
+	40, // 61: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
+	46, // 62: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
+	48, // 63: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
+	50, // 64: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
+	10, // 65: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	12, // 66: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	14, // 67: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	16, // 68: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	18, // 69: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	20, // 70: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	22, // 71: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	28, // 72: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	32, // 73: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	38, // 74: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
+	43, // 75: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
+	47, // 76: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
+	49, // 77: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
+	51, // 78: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
+	65, // [65:79] is the sub-list for method output_type
+	51, // [51:65] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -3999,7 +4140,7 @@ func file_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -54,7 +54,8 @@ type RegistryClient interface {
 	// with its own resume point; see SubscribeRequest and SubscribeResponse.
 	Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, SubscribeResponse], error)
 	// WaitApplied returns once every live subscriber of a service has
-	// acknowledged a revision, or at the timeout with who has not.
+	// acknowledged a revision (a Watch stream: has been sent it), or at the
+	// timeout with who has not.
 	WaitApplied(ctx context.Context, in *WaitAppliedRequest, opts ...grpc.CallOption) (*WaitAppliedResponse, error)
 }
 
@@ -210,7 +211,8 @@ type RegistryServer interface {
 	// with its own resume point; see SubscribeRequest and SubscribeResponse.
 	Subscribe(grpc.BidiStreamingServer[SubscribeRequest, SubscribeResponse]) error
 	// WaitApplied returns once every live subscriber of a service has
-	// acknowledged a revision, or at the timeout with who has not.
+	// acknowledged a revision (a Watch stream: has been sent it), or at the
+	// timeout with who has not.
 	WaitApplied(context.Context, *WaitAppliedRequest) (*WaitAppliedResponse, error)
 	mustEmbedUnimplementedRegistryServer()
 }
