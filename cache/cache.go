@@ -77,8 +77,8 @@ func (c *Cache) Apply(b Batch) (Diff, error) {
 			return c.refuse(b, prev)
 		}
 		net := make(netChanges, len(prev.services))
-		for svc, list := range prev.services {
-			for _, in := range list {
+		for svc, l := range prev.services {
+			for in := range l.all() {
 				if !brokenKeepOnReset {
 					net.set(Key{svc, in.Id}, nil)
 				}
@@ -145,9 +145,10 @@ func (c *Cache) Snapshot() *Snapshot { return c.load() }
 func (c *Cache) Revision() int64 { return c.load().revision }
 
 // Instances returns service's instances in the current view, sorted by id,
-// nil if it has none. It takes no lock and allocates nothing: the slice is
-// shared with every reader, and callers must not modify it or its
-// instances.
+// nil if it has none. It takes no lock; the slice is shared with every
+// reader, and callers must not modify it or its instances. See
+// Snapshot.Instances for when it allocates (once per version of a large
+// service) and Snapshot.Count, Get and Each for reads that never do.
 func (c *Cache) Instances(service string) []*registryv1.Instance {
 	return c.load().Instances(service)
 }

@@ -434,3 +434,88 @@ func BenchmarkApplyPut(b *testing.B) {
 		}
 	}
 }
+
+// TestLargeServiceCopyOnWrite applies small batches to a service of
+// 36,000 instances (where a batch edits the service's tree rather than
+// rebuilding it): the snapshot before is unchanged, its flat slice is the
+// one it had, the new one's is built once and then shared, and another
+// service keeps its slice.
+func TestLargeServiceCopyOnWrite(t *testing.T) {
+	const n = 36_000
+	all := []*registryv1.Instance{in("other", "1", "y:1", 1)}
+	for i := range n {
+		all = append(all, in("big", lid(i), "x:1", 1))
+	}
+	c := New()
+	if _, err := c.Apply(Batch{Revision: 1, Snapshot: true, Instances: all}); err != nil {
+		t.Fatal(err)
+	}
+	s1 := c.Snapshot()
+	flat1, other1 := s1.Instances("big"), s1.Instances("other")
+	view1 := viewString(t, s1)
+
+	d, err := c.Apply(Batch{Revision: 2, Events: []Event{
+		put(in("big", lid(n), "x:2", 2)), put(in("big", lid(7), "x:2", 2)), del("big", lid(20_000)),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := diffString(d); got != "rev=2 +big/"+lid(n)+"@x:2 ~big/"+lid(7)+"@x:2 -big/"+lid(20_000) {
+		t.Errorf("diff = %q", got)
+	}
+	s2 := c.Snapshot()
+	if got := viewString(t, s1); got != view1 {
+		t.Errorf("the snapshot before the batch changed")
+	}
+	if got := s1.Instances("big"); !sameArray(got, flat1) {
+		t.Errorf("the snapshot before the batch has a new flat slice")
+	}
+	shared := 0
+	before := leaves(s1.services["big"])
+	for n := range leaves(s2.services["big"]) {
+		if before[n] {
+			shared++
+		}
+	}
+	if want := len(before) - 3; shared < want {
+		t.Errorf("the batch's version shares %d leaves with the one before, want at least %d of %d", shared, want, len(before))
+	}
+	if !sameArray(s2.Instances("other"), other1) {
+		t.Errorf("untouched service other was copied")
+	}
+	if s2.Count("big") != n || len(s2.Instances("big")) != n || s2.Len() != n+1 {
+		t.Errorf("Count %d, Instances %d, Len %d; want %d, %d, %d", s2.Count("big"), len(s2.Instances("big")), s2.Len(), n, n, n+1)
+	}
+	if got, ok := s2.Get("big", lid(7)); !ok || got.Address != "x:2" {
+		t.Errorf("Get(big, %s) = %v, %v", lid(7), got, ok)
+	}
+	if _, ok := s2.Get("big", lid(20_000)); ok {
+		t.Errorf("deleted big/%s still there", lid(20_000))
+	}
+	// Built once: the next reads share it and allocate nothing.
+	if a, b := s2.Instances("big"), s2.Instances("big"); !sameArray(a, b) {
+		t.Errorf("two reads of one version got two slices")
+	}
+	if allocs := testing.AllocsPerRun(100, func() { _ = s2.Instances("big") }); allocs != 0 {
+		t.Errorf("Instances of a built version allocates %v times", allocs)
+	}
+	// Each stops when asked.
+	seen := 0
+	for inst := range s2.Each("big") {
+		if seen++; seen == 3 {
+			if inst.Id != lid(2) {
+				t.Errorf("Each's third instance is %s", inst.Id)
+			}
+			break
+		}
+	}
+	if seen != 3 {
+		t.Errorf("Each yielded %d before the break", seen)
+	}
+	if s2.Count("missing") != 0 || s2.Instances("missing") != nil {
+		t.Errorf("a missing service has instances")
+	}
+	for range s2.Each("missing") {
+		t.Errorf("Each of a missing service yielded")
+	}
+}

@@ -15,12 +15,18 @@ import (
 // revision, so a reader can check that each view it gets is whole: no
 // record newer than the view's revision, lists sorted, counts consistent,
 // and revisions that never go down.
-func TestConcurrentReads(t *testing.T) {
+func TestConcurrentReads(t *testing.T) { concurrentReads(t, 20) }
+
+// TestConcurrentReadsLarge is TestConcurrentReads with services large
+// enough (up to 2,000 instances) that batches edit their trees rather than
+// rebuild them, and readers race to build each version's flat slice.
+func TestConcurrentReadsLarge(t *testing.T) { concurrentReads(t, 2_000) }
+
+func concurrentReads(t *testing.T, ids int) {
 	const (
 		readers  = 4
 		batches  = 3000
 		services = 4
-		ids      = 20
 	)
 	c := New()
 	var done atomic.Bool
@@ -51,6 +57,18 @@ func TestConcurrentReads(t *testing.T) {
 						}
 					}
 					n += len(list)
+					if s.Count(svc) != len(list) {
+						t.Errorf("reader %d: Count(%s) = %d, Instances holds %d", r, svc, s.Count(svc), len(list))
+						return
+					}
+					i := 0
+					for inst := range s.Each(svc) {
+						if i >= len(list) || inst != list[i] {
+							t.Errorf("reader %d: Each(%s) differs from Instances at %d", r, svc, i)
+							return
+						}
+						i++
+					}
 				}
 				if n != s.Len() {
 					t.Errorf("reader %d: view at %d holds %d instances, Len %d", r, s.Revision(), n, s.Len())

@@ -281,8 +281,9 @@ func (s *Subscription) WaitReady(ctx context.Context) error {
 }
 
 // Instances returns the instances of service in the local view, sorted by
-// id; lock- and allocation-free; the slice is shared and must not be
-// modified. For a subscription of one service, Instances(Service()).
+// id; lock-free, and allocation-free but for the first read after a batch
+// changed a large service (see cache.Snapshot.Instances); the slice is
+// shared and must not be modified. For a subscription of one service, Instances(Service()).
 func (s *Subscription) Instances(service string) []*registryv1.Instance {
 	return s.cache.Instances(service)
 }

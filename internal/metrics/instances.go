@@ -31,7 +31,7 @@ func (c instances) Collect(ch chan<- prometheus.Metric) {
 	type key struct{ lifecycle, health string }
 	for _, svc := range snap.Services() {
 		counts := map[key]int{}
-		for _, in := range snap.Instances(svc) {
+		for in := range snap.Each(svc) { // the cache's tree: no flat copy built
 			counts[key{lifecycleName(in.GetLifecycle()), healthName(in.GetHealth().GetState())}]++
 		}
 		for k, n := range counts {

@@ -15,7 +15,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -767,7 +769,7 @@ func CountSnapshot(snap *cache.Snapshot) *registryv1.InstanceCounts {
 	services := snap.Services()
 	c := &registryv1.InstanceCounts{Services: int64(len(services))}
 	for _, svc := range services {
-		tally(c, snap.Instances(svc))
+		tally(c, snap.Each(svc)) // the cache's tree: no flat copy built
 	}
 	return c
 }
@@ -779,15 +781,15 @@ func Count(insts []*registryv1.Instance) *registryv1.InstanceCounts {
 	for _, in := range insts {
 		services[in.Service] = struct{}{}
 	}
-	tally(c, insts)
+	tally(c, slices.Values(insts))
 	c.Services = int64(len(services))
 	return c
 }
 
 // tally adds insts to c's totals by lifecycle and health.
-func tally(c *registryv1.InstanceCounts, insts []*registryv1.Instance) {
-	c.Total += int64(len(insts))
-	for _, in := range insts {
+func tally(c *registryv1.InstanceCounts, insts iter.Seq[*registryv1.Instance]) {
+	for in := range insts {
+		c.Total++
 		switch in.Lifecycle {
 		case registryv1.Lifecycle_LIFECYCLE_STARTING:
 			c.Starting++
