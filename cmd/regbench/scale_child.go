@@ -326,8 +326,10 @@ func runScaleChild(args []string, stdin io.Reader, stdout io.Writer) error {
 // subscription has its first view.
 func (ch *scaleChild) subscribe(ctx context.Context, service string) error {
 	subs := make([]*client.Subscription, len(ch.clients))
+	sts := make([]*subStat, len(ch.clients))
 	for i, c := range ch.clients {
 		st := &subStat{}
+		sts[i] = st
 		var (
 			s   *client.Subscription
 			err error
@@ -346,6 +348,19 @@ func (ch *scaleChild) subscribe(ctx context.Context, service string) error {
 	for _, s := range subs {
 		if err := s.WaitReady(ctx); err != nil {
 			return err
+		}
+	}
+	// OnChange runs behind the view (on the subscription's callback
+	// goroutine): ready means the view has its snapshot, not that the
+	// callback was told. Counting from here would count that snapshot
+	// in whatever is measured next.
+	for _, st := range sts {
+		for st.snapshots.Load() == 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
 		}
 	}
 	return nil
