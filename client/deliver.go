@@ -34,13 +34,15 @@ import (
 const DefaultCallbackBacklog = 1024
 
 // delivery is the queue and goroutine of one Subscription's callbacks.
+// The goroutine runs only while callbacks wait: a Subscription whose
+// changes are all delivered holds none (a goroutine each would cost every
+// subscription its stack, about 8 KiB, doubling an idle one's memory).
 type delivery struct {
 	s        *Subscription
 	onChange func(Change)
 	onConn   func(Freshness)
-	max      int           // SubscribeOptions.CallbackBacklog
-	wake     chan struct{} // something was queued, or stop
-	exited   chan struct{} // run returned
+	max      int            // SubscribeOptions.CallbackBacklog
+	wg       sync.WaitGroup // the goroutine, while it runs
 
 	mu struct {
 		sync.Mutex
@@ -60,6 +62,10 @@ type delivery struct {
 
 		stopped bool // no callback starts any more
 		busy    bool // a callback is running
+		running bool // the goroutine runs (it delivers until nothing waits)
+		// finish: stop found a callback running; the goroutine calls
+		// the Subscription's finished as it ends.
+		finish bool
 	}
 }
 
@@ -75,15 +81,17 @@ func newDelivery(s *Subscription) *delivery {
 	if s.opts.OnChange == nil && s.opts.OnConnection == nil {
 		return nil
 	}
-	return &delivery{s: s, onChange: s.opts.OnChange, onConn: s.opts.OnConnection, max: s.opts.CallbackBacklog,
-		wake: make(chan struct{}, 1), exited: make(chan struct{})}
+	return &delivery{s: s, onChange: s.opts.OnChange, onConn: s.opts.OnConnection, max: s.opts.CallbackBacklog}
 }
 
-func (d *delivery) kick() {
-	select {
-	case d.wake <- struct{}{}:
-	default:
+// startLocked starts the goroutine unless it runs; d.mu is held.
+func (d *delivery) startLocked() {
+	if d.mu.running || d.mu.stopped {
+		return
 	}
+	d.mu.running = true
+	d.wg.Add(1)
+	go d.run()
 }
 
 // change queues ch for OnChange; never blocks. The caller holds applyMu
@@ -100,6 +108,7 @@ func (d *delivery) change(ch Change) {
 	if d.mu.overflow {
 		// The snapshot due covers it.
 		d.mu.newEpoch = d.mu.newEpoch || ch.NewEpoch
+		d.startLocked()
 		d.mu.Unlock()
 		return
 	}
@@ -108,13 +117,14 @@ func (d *delivery) change(ch Change) {
 		// all of those still waiting (an idle service must not overflow a
 		// stalled callback by heartbeats alone).
 		d.mu.queue[n-1].ch = ch
+		d.startLocked()
 		d.mu.Unlock()
 		return
 	}
 	dropped, first := d.push(callback{ch: ch})
+	d.startLocked()
 	d.mu.Unlock()
 	d.noteCoalesced(dropped, first)
-	d.kick()
 }
 
 // connection queues f for OnConnection; never blocks. The caller holds
@@ -130,13 +140,14 @@ func (d *delivery) connection(f Freshness) {
 	}
 	if d.mu.overflow {
 		d.mu.conn = &f // delivered after the snapshot, if it still changes anything
+		d.startLocked()
 		d.mu.Unlock()
 		return
 	}
 	dropped, first := d.push(callback{conn: true, f: f})
+	d.startLocked()
 	d.mu.Unlock()
 	d.noteCoalesced(dropped, first)
-	d.kick()
 }
 
 // push queues c, or, if the queue is full, drops everything waiting and
@@ -180,12 +191,9 @@ func (d *delivery) noteCoalesced(dropped, first bool) {
 		"service", s.service, "backlog", d.max, "revision", s.cache.Revision())
 }
 
-// run calls the callbacks in order until stop.
+// run calls the callbacks in order until none waits, or stop.
 func (d *delivery) run() {
-	defer func() {
-		close(d.exited)
-		d.s.finished()
-	}()
+	defer d.wg.Done()
 	for {
 		c, ok := d.next()
 		if !ok {
@@ -202,26 +210,30 @@ func (d *delivery) run() {
 	}
 }
 
-// next waits for the next callback and marks it running (busy); false
-// once stopped.
+// next takes the next callback and marks it running (busy); false when
+// none waits or once stopped, and the goroutine ends.
 func (d *delivery) next() (callback, bool) {
 	for {
 		d.mu.Lock()
-		for !d.mu.stopped && !d.mu.overflow && len(d.mu.queue) == 0 {
+		switch {
+		case d.mu.stopped:
+			finish := d.mu.finish
+			d.mu.running, d.mu.finish = false, false
+			d.mu.Unlock()
+			if finish {
+				d.s.finished()
+			}
+			return callback{}, false
+		case !d.mu.overflow && len(d.mu.queue) == 0:
 			caughtUp := 0
 			if d.mu.episode > 0 {
 				caughtUp, d.mu.episode = d.mu.episode, 0
 			}
+			d.mu.running = false
 			d.mu.Unlock()
 			if caughtUp > 0 {
 				d.s.c.log.Info("subscription callback caught up", "service", d.s.service, "coalesced", caughtUp)
 			}
-			<-d.wake
-			d.mu.Lock()
-		}
-		switch {
-		case d.mu.stopped:
-			d.mu.Unlock()
 			return callback{}, false
 		case d.mu.overflow:
 			d.mu.Unlock()
@@ -280,17 +292,24 @@ func snapshotOf(snap *cache.Snapshot, service string) []*registryv1.Instance {
 // stop makes sure no callback starts any more and drops what waits. It
 // waits for the goroutine to end unless a callback is running: that one
 // (the last) is not waited for, so that a callback blocked for good cannot
-// hang Close, and one may call Close itself; run's end closes Done.
+// hang Close, and one may call Close itself; the goroutine's end then
+// closes Done. The Subscription's finished is called once, by stop or by
+// that goroutine.
 func (d *delivery) stop() {
 	d.mu.Lock()
+	if d.mu.stopped {
+		d.mu.Unlock()
+		return
+	}
 	d.mu.stopped = true
 	clear(d.mu.queue)
 	d.mu.queue, d.mu.conn = nil, nil
 	busy := d.mu.busy
+	d.mu.finish = busy
 	d.mu.Unlock()
-	d.kick()
 	if !busy {
-		<-d.exited
+		d.wg.Wait() // a goroutine between two callbacks ends at once
+		d.s.finished()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -447,4 +448,59 @@ func TestOnChangeClosesItsSubscription(t *testing.T) {
 	if calls != 1 {
 		t.Fatalf("OnChange called %d times, want once: none after Close", calls)
 	}
+}
+
+// A Subscription whose callbacks have all run holds no goroutine for
+// them: fifty idle subscriptions with OnChange leave no goroutine in the
+// callbacks' loop (one each, parked, was about 8 KiB of stack per
+// subscription).
+func TestIdleCallbacksHoldNoGoroutine(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c := newClient(t, rn.Addr)
+	const n = 50
+	var mu sync.Mutex
+	told := 0
+	for range n {
+		// Not bounded by a context: a subscription ends with its own.
+		s, err := c.Subscribe(context.Background(), "orders", client.SubscribeOptions{OnChange: func(ch client.Change) {
+			if ch.Snapshot {
+				mu.Lock()
+				told++
+				mu.Unlock()
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+	}
+	waitFor(t, time.Minute, "every OnChange told its snapshot", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return told == n
+	})
+	// The callbacks' goroutines, from the stacks of every goroutine.
+	delivering := func() int {
+		var b strings.Builder
+		if err := pprof.Lookup("goroutine").WriteTo(&b, 1); err != nil {
+			t.Fatal(err)
+		}
+		// With debug=1 each distinct stack is a block "N @ ..." and its
+		// frames: count N for the stacks through delivery.run.
+		n := 0
+		for _, blk := range strings.Split(b.String(), "\n\n") {
+			if !strings.Contains(blk, "client.(*delivery).run") {
+				continue
+			}
+			for _, line := range strings.Split(blk, "\n") { // the first block starts with the profile's title
+				var k int
+				if _, err := fmt.Sscanf(line, "%d @", &k); err == nil {
+					n += k
+					break
+				}
+			}
+		}
+		return n
+	}
+	waitFor(t, time.Minute, "no goroutine left in the callbacks' loop", func() bool { return delivering() == 0 })
 }

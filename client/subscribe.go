@@ -245,9 +245,6 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 	if s.disk != nil {
 		s.aux.Add(2) // before anything that waits for them, even if ctx already ended
 	}
-	if s.deliver != nil {
-		go s.deliver.run() // before anything stops it, even if ctx already ended
-	}
 	if c.mux != nil {
 		context.AfterFunc(ctx, func() {
 			c.mux.detach(s)
