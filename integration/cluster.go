@@ -68,9 +68,31 @@ type Cluster struct {
 // StartCluster starts n regnodes embedding the n members of one etcd
 // cluster, with a 2s prober session TTL and 100ms probes, and waits until
 // every one serves. Everything stops when the test ends.
+//
+// Ports are picked free (etcdtest.FreePort) and bound later by the
+// regnode; another test process may take one in between. A regnode that
+// exits because its address is in use makes the cluster start again with
+// new ports (at most three attempts).
 func StartCluster(t testing.TB, bin string, n int, env ...string) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, bin: bin}
+	for attempt := 1; ; attempt++ {
+		c, busy := startCluster(t, bin, n, env...)
+		if busy == nil {
+			return c
+		}
+		if attempt == 3 {
+			t.Fatalf("%s: an address was in use at each of %d attempts:\n%s", busy.Name, attempt, lastLines(busy.Stderr(), 20))
+		}
+		t.Logf("%s: a port picked for it was taken before it bound it; starting the cluster again with new ports", busy.Name)
+	}
+}
+
+// startCluster is one attempt of StartCluster; busy is the node that
+// exited because an address it was given was in use (the cluster is
+// then stopped).
+func startCluster(t testing.TB, bin string, n int, env ...string) (c *Cluster, busy *Node) {
+	t.Helper()
+	c = &Cluster{t: t, bin: bin}
 	var initial []string
 	for i := range n {
 		nd := &Node{Name: fmt.Sprintf("n%d", i+1), dir: t.TempDir(),
@@ -94,7 +116,10 @@ func StartCluster(t testing.TB, bin string, n int, env ...string) *Cluster {
 	}
 	t.Cleanup(c.stopAll)
 	for _, nd := range c.Nodes {
-		c.WaitServing(nd)
+		if c.waitServing(nd) {
+			c.stopAll()
+			return nil, nd
+		}
 	}
 	var eps []string
 	for _, nd := range c.Nodes {
@@ -106,7 +131,7 @@ func StartCluster(t testing.TB, bin string, n int, env ...string) *Cluster {
 	}
 	t.Cleanup(func() { cli.Close() })
 	c.Etcd = cli
-	return c
+	return c, nil
 }
 
 func (c *Cluster) start(nd *Node) {
@@ -173,6 +198,15 @@ func lastLines(s string, n int) string {
 // WaitServing waits until nd's API answers health checks as SERVING.
 func (c *Cluster) WaitServing(nd *Node) {
 	c.t.Helper()
+	if c.waitServing(nd) {
+		c.t.Fatalf("%s exited: an address it was given is in use:\n%s", nd.Name, lastLines(nd.Stderr(), 20))
+	}
+}
+
+// waitServing is WaitServing, but reports (true) a node that exited
+// because an address it was given was in use, instead of failing.
+func (c *Cluster) waitServing(nd *Node) (addressInUse bool) {
+	c.t.Helper()
 	cc, err := grpc.NewClient(nd.API, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		c.t.Fatal(err)
@@ -184,7 +218,18 @@ func (c *Cluster) WaitServing(nd *Node) {
 		resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "registry.v1.Registry"})
 		cancel()
 		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
-			return
+			return false
+		}
+		nd.mu.Lock()
+		done := nd.done
+		nd.mu.Unlock()
+		select {
+		case <-done:
+			if strings.Contains(nd.Stderr(), "address already in use") {
+				return true
+			}
+			c.t.Fatalf("%s exited before serving:\n%s", nd.Name, lastLines(nd.Stderr(), 40))
+		default:
 		}
 		if time.Now().After(deadline) {
 			c.t.Fatalf("%s not serving after 60s: %v\n%s", nd.Name, err, nd.Stderr())
