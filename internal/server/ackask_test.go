@@ -29,18 +29,7 @@ func TestAckRequestsWhileWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	open := func(name, service string) (registryv1.Registry_SubscribeClient, *muxReader) {
-		st, err := api.Subscribe(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := add(service, 0, "")
-		req.Subscriber = name
-		if err := st.Send(req); err != nil {
-			t.Fatal(err)
-		}
-		r := readMux(st)
-		r.until(t, name+"'s snapshot", wholeSnapshot(service))
-		return st, r
+		return openNamed(ctx, t, api, name, service)
 	}
 	asked := func(service string, rev int64) func(*registryv1.SubscribeResponse) bool {
 		return func(m *registryv1.SubscribeResponse) bool {

@@ -202,6 +202,24 @@ func TestSubscribeMultiplexes(t *testing.T) {
 	waitFor(t, 10*time.Second, "the stream's hub subscriptions to close", func() bool { return rn.Node.Hub().Subscribers() == 0 })
 }
 
+// openNamed opens a Subscribe stream as subscriber name, adds service
+// from its start, and returns once its whole snapshot came.
+func openNamed(ctx context.Context, t *testing.T, api registryv1.RegistryClient, name, service string) (registryv1.Registry_SubscribeClient, *muxReader) {
+	t.Helper()
+	st, err := api.Subscribe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := add(service, 0, "")
+	req.Subscriber = name
+	if err := st.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	r := readMux(st)
+	r.until(t, name+"'s snapshot", wholeSnapshot(service))
+	return st, r
+}
+
 // WaitApplied counts this regnode's live subscribers of the service and
 // the revision each acknowledged: it names those behind and ends at its
 // timeout; once they ack it is done.
@@ -215,18 +233,7 @@ func TestWaitAppliedCountsAcks(t *testing.T) {
 		t.Fatal(err)
 	}
 	open := func(name, service string) (registryv1.Registry_SubscribeClient, *muxReader) {
-		st, err := api.Subscribe(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := add(service, 0, "")
-		req.Subscriber = name
-		if err := st.Send(req); err != nil {
-			t.Fatal(err)
-		}
-		r := readMux(st)
-		r.until(t, name+"'s snapshot", wholeSnapshot(service))
-		return st, r
+		return openNamed(ctx, t, api, name, service)
 	}
 	one, _ := open("one", "alpha")
 	two, _ := open("two", "alpha")
