@@ -10,8 +10,9 @@ import (
 
 // DefaultConfig is a Config with every default but the client. A zero
 // field of a Config takes the default stated here: Prefix
-// record.DefaultPrefix, PageSize 1000 keys per range read (one read is
-// then at most about 16 MiB of records at their size cap), Logger
+// record.DefaultPrefix, PageSize 1000 keys in the first range read (one read is
+// then at most about 16 MiB of records at their size cap; later ones grow
+// with small records, see etcdread.Range), Logger
 // slog.Default(), Now time.Now; Leases, Commit and Renew are optional
 // (nil: Register grants its own lease and sends its own Txn, KeepAliveAs
 // opens a stream per renewal). A negative PageSize is refused.

@@ -108,7 +108,7 @@ func (s *Store) list(ctx context.Context, prefix string) ([]*registryv1.Instance
 		skipped int
 	)
 	dec := s.decoder()
-	rev, _, err := etcdread.Range(ctx, s.cli, prefix, 0, s.page, func(kv *mvccpb.KeyValue) {
+	rev, _, err := etcdread.Range(ctx, s.cli, prefix, 0, s.page, 0, func(kv *mvccpb.KeyValue) {
 		if inst, err := dec.Decode(kv); err != nil {
 			skipped++
 		} else {

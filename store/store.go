@@ -32,7 +32,9 @@ type Config struct {
 	Client *clientv3.Client
 	// Prefix is the key prefix (default record.DefaultPrefix).
 	Prefix string
-	// PageSize bounds each range read of List (default 1000).
+	// PageSize is the keys of List's first range read, and the least of
+	// each later one (default 1000; later reads grow by the records'
+	// size, see etcdread.Range).
 	PageSize int64
 	// Logger receives junk-record reports (default slog.Default()).
 	Logger *slog.Logger

@@ -51,7 +51,7 @@ func TestListPagesReadAtOneRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	var bumped atomic.Int64
-	w, err := watch.New(watch.Config{Client: cli, PageSize: 7, OnJunk: func(string, error) {
+	w, err := watch.New(watch.Config{Client: cli, PageSize: 7, PageBytes: 1, OnJunk: func(string, error) {
 		if bumped.Load() != 0 {
 			return
 		}
@@ -111,7 +111,7 @@ func TestListFailingMidwayDeliversNothing(t *testing.T) {
 	}
 	var compacted atomic.Int64
 	var restarts atomic.Int64
-	w, err := watch.New(watch.Config{Client: cli, PageSize: 7, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond,
+	w, err := watch.New(watch.Config{Client: cli, PageSize: 7, PageBytes: 1, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond,
 		OnRestart: func(string, error) { restarts.Add(1) },
 		OnJunk: func(string, error) {
 			if compacted.Load() != 0 {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/epoch"
 	"github.com/regcluster/registry/internal/etcdtest"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/watch"
 )
 
@@ -61,11 +63,24 @@ func TestRestoredEtcdAlreadyPastIsANewEpoch(t *testing.T) {
 	key := epoch.Key("")
 	c := cache.New()
 	var (
-		mu     sync.Mutex
-		epochs []string
+		mu       sync.Mutex
+		epochs   []string
+		newEpoch cache.Batch  // the new epoch's snapshot
+		known    atomic.Int64 // records Known gave
 	)
 	w, err := watch.New(watch.Config{Client: cli, EpochKey: key, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-		ProgressInterval: 200 * time.Millisecond})
+		ProgressInterval: 200 * time.Millisecond,
+		// As the hub does. The restored history holds the kept records at
+		// the revisions the view has them at.
+		Known: func(k string, modRev, createRev int64) *registryv1.Instance {
+			svc, id, _ := keys.Parse(k)
+			in, ok := c.Get(svc, id)
+			if !ok || in.ModRevision != modRev || in.CreateRevision != createRev {
+				return nil
+			}
+			known.Add(1)
+			return in
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +94,9 @@ func TestRestoredEtcdAlreadyPastIsANewEpoch(t *testing.T) {
 			if b.Snapshot {
 				mu.Lock()
 				epochs = append(epochs, b.Epoch)
+				if b.NewEpoch {
+					newEpoch = b
+				}
 				mu.Unlock()
 			}
 			return nil
@@ -96,6 +114,10 @@ func TestRestoredEtcdAlreadyPastIsANewEpoch(t *testing.T) {
 		last = put(t, direct, "orders", fmt.Sprint("lost-", i), "1")
 	}
 	waitFor(t, 10*time.Second, "the first view", func() bool { return c.Revision() >= last && c.Len() == 30 })
+	old := map[*registryv1.Instance]bool{}
+	for _, in := range c.Instances("orders") {
+		old[in] = true
+	}
 	first, _, err := epoch.Read(context.Background(), direct, key)
 	if err != nil || first == "" {
 		t.Fatalf("epoch %q, %v", first, err)
@@ -128,6 +150,20 @@ func TestRestoredEtcdAlreadyPastIsANewEpoch(t *testing.T) {
 	now, _, err := epoch.Read(context.Background(), direct, key)
 	mu.Lock()
 	defer mu.Unlock()
+	// Known had the kept records (same revisions) when the list was
+	// read; a new epoch's list is read again without it: revisions of
+	// one history do not name records of another.
+	if known.Load() == 0 {
+		t.Fatal("Known never gave a record: the test does not test the new epoch's second read")
+	}
+	for _, in := range newEpoch.Instances {
+		if old[in] {
+			t.Fatalf("the new epoch's snapshot carries %s/%s from the old history's view", in.Service, in.Id)
+		}
+	}
+	if len(newEpoch.Instances) == 0 {
+		t.Fatal("no new-epoch snapshot")
+	}
 	if err != nil || now == first || epochs[len(epochs)-1] != now {
 		t.Fatalf("epoch in etcd %q (was %q, %v); snapshots carried %v", now, first, err, epochs)
 	}

@@ -55,9 +55,16 @@ type Config struct {
 	// Service, if set, narrows the watch to one service; it must be a
 	// valid service name (record.ValidService).
 	Service string
-	// PageSize bounds each range read of a list, in keys (0: 1000; one
-	// read is then at most about 16 MiB of records at their size cap).
+	// PageSize is the keys of a list's first range read, and the least of
+	// each later one (0: 1000; one read is then at most about 16 MiB of
+	// records at their size cap). Later reads grow to about PageBytes of
+	// records at the size seen, at most ten times PageSize
+	// (etcdread.Range).
 	PageSize int64
+	// PageBytes is what a list's later range reads grow to, in bytes of
+	// records (0: etcdread.PageBytes, 2 MiB; below one record's size,
+	// every read is PageSize keys).
+	PageBytes int64
 	// MinBackoff and MaxBackoff bound the wait before a retry (0: 100ms
 	// and 5s, or MinBackoff if larger: quick enough after a blip, slow
 	// enough not to hammer a struggling etcd); each wait is jittered.
@@ -83,11 +90,19 @@ type Config struct {
 	// OnRestart, if set, is called each time the watch is re-established,
 	// with the reason: "error", "compacted", "new-epoch", "closed".
 	OnRestart func(reason string, err error)
+	// Known, if set, is what a relist may take for a record instead of
+	// decoding it: the instance the caller already holds for key at
+	// exactly these mod and create revisions (the same put of the same
+	// etcd history, so the same bytes), or nil. A relist after a
+	// compaction then decodes only what changed. It is called from the
+	// list's decoding goroutine, while nothing is delivered; a list that
+	// turns out to be of another history is read again without it.
+	Known func(key string, modRev, createRev int64) *registryv1.Instance
 }
 
 // DefaultConfig is a Config with every default but the client.
 func DefaultConfig() Config {
-	return Config{Prefix: record.DefaultPrefix, PageSize: 1000, MinBackoff: 100 * time.Millisecond,
+	return Config{Prefix: record.DefaultPrefix, PageSize: 1000, PageBytes: etcdread.PageBytes, MinBackoff: 100 * time.Millisecond,
 		MaxBackoff: 5 * time.Second, ProgressInterval: time.Second}
 }
 
@@ -100,6 +115,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PageSize == 0 {
 		c.PageSize = d.PageSize
+	}
+	if c.PageBytes == 0 {
+		c.PageBytes = d.PageBytes
 	}
 	if c.MinBackoff == 0 {
 		c.MinBackoff = d.MinBackoff
@@ -128,6 +146,8 @@ func (c Config) Validate() error {
 		return configerr.Required(ErrInvalidConfig, "watch", "Client")
 	case c.PageSize < 0:
 		return bad("PageSize", c.PageSize, "must be >= 0 (0: the default)")
+	case c.PageBytes < 0:
+		return bad("PageBytes", c.PageBytes, "must be >= 0 (0: the default)")
 	case c.MinBackoff < 0:
 		return bad("MinBackoff", c.MinBackoff, "must be >= 0 (0: the default)")
 	case c.MaxBackoff < c.MinBackoff:
@@ -264,8 +284,9 @@ var sleep = backoff.Sleep
 // cluster, or a revision below the one delivered) is replaced, before the
 // list is read again.
 func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
+	reuse := true
 	for tries := 0; ; tries++ {
-		l, err := w.read(ctx)
+		l, err := w.read(ctx, reuse)
 		if err != nil {
 			return err
 		}
@@ -283,6 +304,12 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 			continue
 		}
 		newEpoch := w.rev != 0 && (ep != w.epoch || w.cfg.EpochKey == "" && suspect)
+		if newEpoch && l.reused > 0 {
+			// Revisions of the old history name other records in this
+			// one: decode everything.
+			reuse = false
+			continue
+		}
 		if newEpoch && ep != w.epoch {
 			w.log.Error("etcd epoch changed: starting a new epoch, the revision may go down",
 				"old_epoch", w.epoch, "new_epoch", ep, "delivered", w.rev, "etcd", rev)
@@ -302,8 +329,13 @@ func (w *Watcher) list(ctx context.Context, deliver Deliver) error {
 //
 // The records are decoded by a goroutine of read's, a page behind the
 // reading: etcd serves the next page while this one is decoded, instead
-// of one after the other.
-func (w *Watcher) read(ctx context.Context) (l listing, err error) {
+// of one after the other. With reuse, a record Config.Known holds is
+// taken from it, not decoded.
+func (w *Watcher) read(ctx context.Context, reuse bool) (l listing, err error) {
+	known := w.cfg.Known
+	if !reuse || w.rev == 0 {
+		known = nil // nothing delivered yet: nothing to take
+	}
 	var (
 		pages   = make(chan []*mvccpb.KeyValue, 2)
 		decoded = make(chan struct{})
@@ -320,6 +352,14 @@ func (w *Watcher) read(ctx context.Context) (l listing, err error) {
 				if kv.ModRevision > got.newest.rev {
 					got.newest = markOf(kv)
 				}
+				if known != nil {
+					if in := known(string(kv.Key), kv.ModRevision, kv.CreateRevision); in != nil {
+						got.insts = append(got.insts, in)
+						got.encoded = append(got.encoded, record.Element(encodedField, kv.Value, kv.CreateRevision, kv.ModRevision))
+						got.reused++
+						continue
+					}
+				}
 				if in, e := w.decode(kv); in != nil {
 					got.insts = append(got.insts, in)
 					got.encoded = append(got.encoded, e)
@@ -331,7 +371,7 @@ func (w *Watcher) read(ctx context.Context) (l listing, err error) {
 		header *etcdserverpb.ResponseHeader
 		page   []*mvccpb.KeyValue
 	)
-	l.rev, header, err = etcdread.Range(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.prefix, 0, w.cfg.PageSize, func(kv *mvccpb.KeyValue) {
+	l.rev, header, err = etcdread.Range(clientv3.WithRequireLeader(ctx), w.cfg.Client, w.prefix, 0, w.cfg.PageSize, w.cfg.PageBytes, func(kv *mvccpb.KeyValue) {
 		page = append(page, kv)
 		if int64(len(page)) >= w.cfg.PageSize {
 			pages <- page
@@ -347,7 +387,7 @@ func (w *Watcher) read(ctx context.Context) (l listing, err error) {
 	if err != nil {
 		return listing{}, err
 	}
-	l.insts, l.encoded, l.newest = got.insts, got.encoded, got.newest
+	l.insts, l.encoded, l.newest, l.reused = got.insts, got.encoded, got.newest, got.reused
 	l.cid = header.ClusterId
 	if w.cfg.EpochKey != "" {
 		resp, err := w.cfg.Client.Get(clientv3.WithRequireLeader(ctx), w.cfg.EpochKey, clientv3.WithRev(l.rev))
@@ -370,6 +410,7 @@ type listing struct {
 	cid     uint64
 	ep      string
 	newest  mark
+	reused  int // records taken from Config.Known
 }
 
 // epochChanged reports (loudly) an etcd that is not the one we followed:

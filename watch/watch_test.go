@@ -46,6 +46,7 @@ type follower struct {
 	revs    []int64
 	junk    atomic.Int64
 	restart sync.Map
+	known   atomic.Int64 // records a list took from the cache (Config.Known)
 	cancel  context.CancelFunc
 	done    chan error
 }
@@ -53,9 +54,22 @@ type follower struct {
 func follow(t *testing.T, cli *clientv3.Client, service string) *follower {
 	t.Helper()
 	f := &follower{c: cache.New(), done: make(chan error, 1)}
-	w, err := watch.New(watch.Config{Client: cli, Service: service, PageSize: 7, MinBackoff: 20 * time.Millisecond,
+	w, err := watch.New(watch.Config{Client: cli, Service: service, PageSize: 7, PageBytes: 1, MinBackoff: 20 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond, ProgressInterval: 200 * time.Millisecond,
 		OnJunk: func(string, error) { f.junk.Add(1) },
+		Known: func(key string, modRev, createRev int64) *registryv1.Instance {
+			// As the hub does: the cache's record at exactly these revisions.
+			svc, id, ok := keys.Parse(key)
+			if !ok {
+				return nil
+			}
+			in, ok := f.c.Get(svc, id)
+			if !ok || in.ModRevision != modRev || in.CreateRevision != createRev {
+				return nil
+			}
+			f.known.Add(1)
+			return in
+		},
 		OnRestart: func(reason string, _ error) {
 			v, _ := f.restart.LoadOrStore(reason, new(atomic.Int64))
 			v.(*atomic.Int64).Add(1)
@@ -266,6 +280,85 @@ func TestResumeAndCompaction(t *testing.T) {
 		t.Fatalf("%d stale batches reached the cache", f.c.Stats().Stale)
 	}
 	// The relist forwards its records' stored bytes too.
+	f.checkEncoded(t)
+}
+
+// A relist after a compaction takes the records it already holds (same
+// key, mod and create revision) from Config.Known instead of decoding
+// them: the reset snapshot carries the very instances the view had for
+// those, new ones for what changed, and the stored bytes of all.
+func TestRelistTakesKnownRecords(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	p := etcdtest.NewProxy(t, m.ClientURL)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.URL()}, DialTimeout: 2 * time.Second, Logger: etcdtest.QuietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	for i := range 50 {
+		put(t, direct, "orders", fmt.Sprint("o-", i), "0")
+	}
+	f := follow(t, cli, "orders")
+	waitFor(t, 5*time.Second, "the snapshot", func() bool { return converged(t, direct, f) })
+	before := map[string]*registryv1.Instance{}
+	for _, in := range f.c.Instances("orders") {
+		before[in.Id] = in
+	}
+	if n := f.known.Load(); n != 0 {
+		t.Fatalf("the first list took %d records from an empty view", n)
+	}
+
+	p.Cut()
+	var last int64
+	for i := range 5 {
+		last = put(t, direct, "orders", fmt.Sprint("o-", i), "1")
+	}
+	for _, id := range []string{"o-10", "o-11"} {
+		r, err := direct.Delete(context.Background(), keys.Instance("orders", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	for i := range 3 {
+		last = put(t, direct, "orders", fmt.Sprint("n-", i), "1")
+	}
+	if _, err := direct.Compact(context.Background(), last); err != nil {
+		t.Fatal(err)
+	}
+	p.Heal()
+	waitFor(t, 15*time.Second, "convergence after compaction", func() bool { return converged(t, direct, f) })
+	if f.restarts("relist") == 0 {
+		t.Fatal("no relist")
+	}
+	var reset *cache.Batch
+	f.mu.Lock()
+	for i := range f.batches {
+		if f.batches[i].Reset {
+			reset = &f.batches[i]
+		}
+	}
+	f.mu.Unlock()
+	if reset == nil || len(reset.Instances) != 51 {
+		t.Fatalf("reset snapshot %+v, want 51 instances", reset)
+	}
+	kept := 0
+	for _, in := range reset.Instances {
+		old := before[in.Id]
+		changed := in.Version == "1"
+		switch {
+		case changed && old == in:
+			t.Fatalf("%s changed, and the relist kept the old instance", in.Id)
+		case !changed && old != in:
+			t.Fatalf("%s did not change, and the relist decoded it again", in.Id)
+		case !changed:
+			kept++
+		}
+	}
+	if kept != 43 || f.known.Load() != 43 {
+		t.Fatalf("%d instances kept, %d taken from Known; want the 43 unchanged", kept, f.known.Load())
+	}
 	f.checkEncoded(t)
 }
 

@@ -128,16 +128,24 @@ func runResync(ctx context.Context, e *env) (*Result, error) {
 	// Reset after compaction: a subscriber is complete; the regnode's link
 	// to etcd is cut, the registry churns and etcd compacts, the link
 	// heals: the regnode's watch resumes at a compacted revision, it
-	// relists, and every subscriber gets a reset snapshot.
+	// relists, and every subscriber's view moves to the relist's revision
+	// (by the differences, or by a reset snapshot). Done is the first
+	// change at the revision the churn ended at, or later, that the
+	// subscriber's view holds.
 	var (
-		resetAt    atomic.Int64 // unix nanos of the last reset snapshot applied
-		resetCount atomic.Int64
+		target     atomic.Int64 // the revision the churn ended at (0: none yet)
+		doneAt     atomic.Int64 // unix nanos of the first change at target or later
+		snapshots  atomic.Int64 // reset snapshots the subscriber got
+		resetCount atomic.Int64 // changes at target or later
 	)
 	var s *client.Subscription
 	labeled(sideClient, func() {
 		s, err = c.Subscribe(ctx, service, client.SubscribeOptions{OnChange: func(ch client.Change) {
 			if ch.Snapshot && ch.Reset {
-				resetAt.Store(time.Now().UnixNano())
+				snapshots.Add(1)
+			}
+			if t := target.Load(); t > 0 && !ch.Progress && ch.Revision >= t && doneAt.Load() == 0 {
+				doneAt.Store(time.Now().UnixNano())
 				resetCount.Add(1)
 			}
 		}})
@@ -154,6 +162,8 @@ func runResync(ctx context.Context, e *env) (*Result, error) {
 	for rep := range cfg.resyncRepeats {
 		e.progress.set("reset %d/%d: cut, churn, compact, heal", rep+1, cfg.resyncRepeats)
 		before, count0 := counterValue(relists), resetCount.Load()
+		target.Store(0)
+		doneAt.Store(0)
 		px.Cut()
 		for i := range 100 {
 			in := instanceN(service, (rep*100+i)%N)
@@ -173,6 +183,7 @@ func runResync(ctx context.Context, e *env) (*Result, error) {
 		if _, err := cli.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
 			return r, err
 		}
+		target.Store(resp.Header.Revision)
 		if err := px.Heal(); err != nil {
 			return r, err
 		}
@@ -199,9 +210,15 @@ func runResync(ctx context.Context, e *env) (*Result, error) {
 		if err != nil {
 			return r, fmt.Errorf("reset %d: no reset snapshot within 30s: %w", rep+1, err)
 		}
-		done := time.Unix(0, resetAt.Load())
+		done := time.Unix(0, doneAt.Load())
 		if got := len(s.Instances(service)); got != N {
 			return r, fmt.Errorf("reset subscriber has %d instances, want %d", got, N)
+		}
+		for i := range 100 {
+			id := instanceN(service, (rep*100+i)%N).Id
+			if in, ok := s.Snapshot().Get(service, id); !ok || in.Version != fmt.Sprintf("churn-%d", rep) {
+				return r, fmt.Errorf("reset %d: subscriber's %s is %v, want version churn-%d", rep+1, id, in, rep)
+			}
 		}
 		if relistAt.IsZero() || relistAt.After(done) {
 			relistAt = done // polled too late to see it
@@ -218,6 +235,7 @@ func runResync(ctx context.Context, e *env) (*Result, error) {
 	dec := summarize(decT)
 	r.ours(cs, "cold_subscriber_ms", summarize(coldT))
 	r.ours(cs, "reset_subscriber_ms", summarize(resetT))
+	r.ours(cs, "reset_snapshots", snapshots.Load())
 	r.ours(cs, "reset_after_backoff_ms", summarize(listT))
 	r.ours(cs, "reset_backoff_ms", summarize(backoffT))
 	r.ours(cs, "reset_from_heal_ms", summarize(fromHeal))
@@ -238,7 +256,7 @@ func runResync(ctx context.Context, e *env) (*Result, error) {
 		fmt.Sprintf("%.2f (%.0fms vs %.0fms)", reset.P50/raw.P50, reset.P50, raw.P50), reset.P50 <= 2*raw.P50)
 	r.note("raw: clientv3 Get of the prefix in pages of 1000, every page at the first page's revision (what regnode's list does), without decoding (etcd_get) and decoding each record into a map (etcd_get_decode); the baseline rows repeat the same figures for each of ours")
 	r.note("cold subscriber: Subscribe → WaitReady (the regnode already follows etcd; its snapshot goes out in chunks of 500) with the count checked; regnode cold start: node.Start → its cache filled (list of the prefix)")
-	r.note("reset: from the moment the regnode's watch saw the compaction (its registry_etcd_watch_restarts_total{reason=relist} moved, polled every 1ms) to the subscriber applying the reset snapshot: the watcher's retry backoff (50–100ms), the relist, the hub's reset of every subscriber, the chunked snapshot and the client's apply. reset_backoff: compaction seen → etcd starts serving the relist's first page (grpc_server_started_total{grpc_method=Range} moved), the watcher's backoff; reset_after_backoff: from there to the subscriber's complete cache; reset_from_heal adds gRPC's reconnect backoff")
+	r.note("reset: from the moment the regnode's watch saw the compaction (its registry_etcd_watch_restarts_total{reason=relist} moved, polled every 1ms) to the subscriber's view holding the churn at the relist's revision: the relist (at once, no backoff), the hub's cache apply, what it sends every subscriber (the differences, since the relist is of the same etcd history) and the client's apply; reset_snapshots counts the full reset snapshots the subscriber got instead (0 unless the relist changed epoch). reset_backoff: compaction seen → etcd starts serving the relist's first page (grpc_server_started_total{grpc_method=Range} moved); reset_after_backoff: from there to the subscriber's view; reset_from_heal adds gRPC's reconnect backoff")
 	return r, nil
 }
 

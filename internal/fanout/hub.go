@@ -6,7 +6,10 @@
 // internal/epoch) gets a new-epoch reset snapshot; one ahead of this regnode
 // on its epoch waits for it to catch up, or is told to try another. A
 // subscriber too slow to keep up with its bounded queue is reset (never
-// silently skipped), and never blocks the others.
+// silently skipped), and never blocks the others. When the watch must
+// relist (etcd compacted past it), subscribers get what the relist
+// changed, as one transaction at its revision; only a relist onto another
+// etcd history (a new epoch) resets them.
 //
 // Encoded once: what a subscriber receives is a *Unit, shared by every
 // subscriber of the same service (a transaction's events for that
@@ -41,6 +44,7 @@ import (
 	"github.com/regcluster/registry/cache"
 	"github.com/regcluster/registry/internal/configerr"
 	"github.com/regcluster/registry/internal/epoch"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 	"github.com/regcluster/registry/watch"
 )
@@ -160,6 +164,7 @@ func (c Config) Validate() error {
 type Hub struct {
 	cfg   Config
 	log   *slog.Logger
+	keys  record.Keys
 	cache *cache.Cache
 	w     *watch.Watcher
 	// store is the one encoded element per instance that every feed's
@@ -212,19 +217,36 @@ func New(cfg Config) (*Hub, error) {
 	}
 	cfg = cfg.withDefaults()
 	key := epoch.Key(cfg.Prefix)
+	h := newHub(cfg)
 	w, err := watch.New(watch.Config{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger, EpochKey: key,
-		ProgressInterval: cfg.ProgressInterval, OnJunk: cfg.OnJunk, OnRestart: cfg.OnWatchRestart})
+		ProgressInterval: cfg.ProgressInterval, OnJunk: cfg.OnJunk, OnRestart: cfg.OnWatchRestart, Known: h.known})
 	if err != nil {
 		return nil, fmt.Errorf("fanout: %w", err)
 	}
-	h := newHub(cfg)
 	h.w, h.epochKey = w, key
 	return h, nil
 }
 
+// known is the watcher's Config.Known: the cache's instance for key, if
+// it is the record at exactly these revisions. A relist of the same
+// history then decodes only the records that changed, and keeps the
+// cache's pointers for the rest (so the cache finds them unchanged by
+// identity).
+func (h *Hub) known(key string, modRev, createRev int64) *registryv1.Instance {
+	svc, id, ok := h.keys.Parse(key)
+	if !ok || modRev == 0 {
+		return nil
+	}
+	in, ok := h.cache.Get(svc, id)
+	if !ok || in.ModRevision != modRev || in.CreateRevision != createRev {
+		return nil
+	}
+	return in
+}
+
 // newHub is a Hub without its watcher: tests drive apply themselves.
 func newHub(cfg Config) *Hub {
-	h := &Hub{cfg: cfg, log: cfg.Logger, cache: cache.New(), store: newStore(), ready: make(chan struct{})}
+	h := &Hub{cfg: cfg, log: cfg.Logger, keys: record.NewKeys(cfg.withDefaults().Prefix), cache: cache.New(), store: newStore(), ready: make(chan struct{})}
 	h.mu.feeds = map[string]*feed{}
 	h.tick.Store(&tick{progress: &Unit{}, changed: make(chan struct{})})
 	h.beats = newBeater(cfg.withDefaults().ProgressGap, h.tick.Load)
@@ -277,7 +299,8 @@ func (h *Hub) publish(rev int64, ep string, confirms uint64) {
 // then the new tick, from which every other subscriber sends progress.
 func (h *Hub) apply(b cache.Batch) error {
 	h.mu.Lock()
-	if _, err := h.cache.Apply(b); err != nil {
+	d, err := h.cache.Apply(b)
+	if err != nil {
 		h.mu.Unlock()
 		h.log.Error("cache refused a batch from etcd", "revision", b.Revision, "cache", h.cache.Revision(), "err", err)
 		if h.cfg.OnStale != nil {
@@ -302,11 +325,25 @@ func (h *Hub) apply(b cache.Batch) error {
 			h.mu.Unlock()
 			break
 		}
-		reason := "etcd-relist"
-		if b.NewEpoch {
-			reason = "new-epoch"
+		if !b.NewEpoch {
+			// A relist of the same history: every subscriber holds (or has
+			// queued) the view before it, so the differences take it to
+			// the relist's, as one transaction at its revision, and a
+			// relist costs subscribers what changed, not everything.
+			units := h.relistUnits(d, b, ep)
+			h.mu.Unlock()
+			h.log.Info("etcd relist: subscribers sent the differences", "revision", b.Revision,
+				"added", len(d.Added), "updated", len(d.Updated), "removed", len(d.Removed), "feeds", len(units))
+			for f, u := range units {
+				for s := range f.subs {
+					s.push(u)
+				}
+				f.mu.Unlock()
+			}
+			break
 		}
-		// A relist is rare: every subscriber is reset, feed by feed.
+		// Another history: revisions of the old one mean nothing here, so
+		// every subscriber is reset, feed by feed.
 		feeds := make([]*feed, 0, len(h.mu.feeds))
 		for _, f := range h.mu.feeds {
 			f.mu.Lock()
@@ -315,7 +352,7 @@ func (h *Hub) apply(b cache.Batch) error {
 		h.mu.Unlock()
 		for _, f := range feeds {
 			for s := range f.subs {
-				s.reset(reason, b.NewEpoch)
+				s.reset("new-epoch", true)
 			}
 			f.mu.Unlock()
 		}
@@ -373,6 +410,41 @@ func (h *Hub) unitsOf(b cache.Batch, ep string) map[*feed]*Unit {
 		units[f] = &Unit{b: cache.Batch{Revision: b.Revision, Epoch: ep, Events: evs}}
 	}
 	return units
+}
+
+// relistUnits returns, with each feed locked, the unit of d (what a
+// relist b changed in the cache) for every feed whose service it changed:
+// its puts and deletes at b's revision, the puts carrying the relist's
+// stored bytes. Called with h.mu held.
+func (h *Hub) relistUnits(d cache.Diff, b cache.Batch, ep string) map[*feed]*Unit {
+	changed := len(d.Added) + len(d.Updated)
+	if changed+len(d.Removed) == 0 {
+		return nil
+	}
+	elems := make(map[*registryv1.Instance][]byte, changed)
+	for _, in := range d.Added {
+		elems[in] = nil
+	}
+	for _, in := range d.Updated {
+		elems[in] = nil
+	}
+	if len(b.Encoded) == len(b.Instances) {
+		for i, in := range b.Instances {
+			if _, ok := elems[in]; ok {
+				elems[in] = b.Encoded[i]
+			}
+		}
+	}
+	evs := make([]cache.Event, 0, changed+len(d.Removed))
+	for _, l := range [][]*registryv1.Instance{d.Added, d.Updated} {
+		for _, in := range l {
+			evs = append(evs, cache.Event{Type: cache.Put, Service: in.Service, ID: in.Id, Instance: in, Encoded: elems[in]})
+		}
+	}
+	for _, k := range d.Removed {
+		evs = append(evs, cache.Event{Type: cache.Delete, Service: k.Service, ID: k.ID})
+	}
+	return h.unitsOf(cache.Batch{Revision: b.Revision, Events: evs}, ep)
 }
 
 // Subscribe registers a subscriber of service ("" for all) that has seen

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -212,25 +213,92 @@ func TestSlowSubscriberResetFastOneNot(t *testing.T) {
 	}
 }
 
-// A relist resets every subscriber; those of one service share one
-// snapshot unit; a new epoch says so.
-func TestRelistResetsEverySubscriber(t *testing.T) {
-	h, r := testHub(t, 16, inst("orders", "a", 1), inst("users", "u", 1))
-	a, b, c := subscribe(t, h, "orders", 0), subscribe(t, h, "orders", 0), subscribe(t, h, "users", 0)
-	for _, s := range []*Sub{a, b, c} {
-		next(t, s)
+// A relist of the same history sends every subscriber what it changed,
+// as one transaction at the relist's revision: the subscribers of one
+// service share one unit, the all-services feed gets every change, a
+// service the relist did not change gets progress only, no one is reset,
+// and each view built from its units is the cache's. A relist onto
+// another history (a new epoch) still resets everyone.
+func TestRelistSendsTheDifferences(t *testing.T) {
+	h, r := testHub(t, 16, inst("orders", "a", 1), inst("orders", "b", 1), inst("pay", "p", 1), inst("users", "u", 1))
+	a, b, c, p, all := subscribe(t, h, "orders", 0), subscribe(t, h, "orders", 0), subscribe(t, h, "users", 0),
+		subscribe(t, h, "pay", 0), subscribe(t, h, "", 0)
+	views := map[*Sub]*cache.Cache{}
+	for _, s := range []*Sub{a, b, c, p, all} {
+		views[s] = cache.New()
+		if _, err := views[s].Apply(next(t, s).Batch()); err != nil {
+			t.Fatal(err)
+		}
 	}
-	mustApply(t, h, cache.Batch{Revision: 9, Snapshot: true, Reset: true, Epoch: "e1", Instances: []*registryv1.Instance{inst("orders", "a", 2)}})
-	ua, ub, uc := next(t, a), next(t, b), next(t, c)
-	if ua != ub || !ua.Batch().Reset || ua.Batch().NewEpoch || ua.Revision() != 9 || len(ua.Batch().Instances) != 1 {
-		t.Fatalf("orders after a relist: %+v / shared %v", ua.Batch(), ua == ub)
+	// A transaction, then etcd compacts past it and the hub relists: a
+	// changed, b unchanged (the cache keeps it), n new, u gone.
+	mustApply(t, h, cache.Batch{Revision: 2, Events: []cache.Event{put("orders", "b", 2)}})
+	b2, _ := h.Cache().Get("orders", "b")
+	mustApply(t, h, cache.Batch{Revision: 9, Snapshot: true, Reset: true, Epoch: "e1", Instances: []*registryv1.Instance{
+		inst("orders", "a", 9), b2, inst("orders", "n", 9), inst("pay", "p", 1)}})
+	apply := func(s *Sub, u *Unit) {
+		t.Helper()
+		if _, err := views[s].Apply(u.Batch()); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if !uc.Batch().Reset || len(uc.Batch().Instances) != 0 || r.get("etcd-relist") != 3 {
-		t.Fatalf("users after a relist: %+v, %d relist resets", uc.Batch(), r.get("etcd-relist"))
+	for _, s := range []*Sub{a, b, all} {
+		if u := next(t, s); u.Revision() != 2 || len(u.Batch().Events) != 1 {
+			t.Fatalf("%q: the transaction before the relist: %+v", s.Service(), u.Batch())
+		} else {
+			apply(s, u)
+		}
+	}
+	ua, ub, uc, up, uall := next(t, a), next(t, b), next(t, c), next(t, p), next(t, all)
+	ids := func(u *Unit) string {
+		var out []string
+		for _, e := range u.Batch().Events {
+			out = append(out, e.Type.String()+" "+e.Service+"/"+e.ID)
+		}
+		return strings.Join(out, ", ")
+	}
+	if ua != ub || ua.Batch().Snapshot || ua.Revision() != 9 || ids(ua) != "put orders/n, put orders/a" {
+		t.Fatalf("orders after a relist: %+v [%s] / shared %v", ua.Batch(), ids(ua), ua == ub)
+	}
+	if uc.Batch().Snapshot || uc.Revision() != 9 || ids(uc) != "delete users/u" {
+		t.Fatalf("users after a relist: %+v [%s]", uc.Batch(), ids(uc))
+	}
+	if up.Batch().Snapshot || up.Revision() != 9 || len(up.Batch().Events) != 0 {
+		t.Fatalf("pay (unchanged) after a relist: %+v, want progress at 9", up.Batch())
+	}
+	if uall.Batch().Snapshot || uall.Revision() != 9 || ids(uall) != "put orders/n, put orders/a, delete users/u" {
+		t.Fatalf("all services after a relist: %+v [%s]", uall.Batch(), ids(uall))
+	}
+	for s, u := range map[*Sub]*Unit{a: ua, b: ub, c: uc, p: up, all: uall} {
+		apply(s, u)
+		want := h.Cache().Snapshot()
+		for _, svc := range []string{"orders", "pay", "users"} {
+			if s.Service() != "" && s.Service() != svc {
+				continue
+			}
+			got := views[s].Instances(svc)
+			if w := want.Instances(svc); len(got) != len(w) {
+				t.Fatalf("%q: view of %s after the relist %v, the cache's %v", s.Service(), svc, got, w)
+			} else {
+				for i := range got {
+					if !proto.Equal(got[i], w[i]) {
+						t.Fatalf("%q: view of %s after the relist %v, the cache's %v", s.Service(), svc, got, w)
+					}
+				}
+			}
+		}
+	}
+	if n := r.get("etcd-relist") + r.get("new-epoch"); n != 0 {
+		t.Fatalf("%d subscribers reset by a relist of the same history", n)
 	}
 	mustApply(t, h, cache.Batch{Revision: 3, Snapshot: true, Reset: true, NewEpoch: true, Epoch: "e2", Instances: []*registryv1.Instance{inst("orders", "a", 3)}})
-	if u := next(t, a); !u.Batch().NewEpoch || u.Batch().Epoch != "e2" || u.Revision() != 3 {
-		t.Fatalf("after a new epoch: %+v", u.Batch())
+	for _, s := range []*Sub{a, c, all} {
+		if u := next(t, s); !u.Batch().Snapshot || !u.Batch().Reset || !u.Batch().NewEpoch || u.Batch().Epoch != "e2" || u.Revision() != 3 {
+			t.Fatalf("%q after a new epoch: %+v", s.Service(), u.Batch())
+		}
+	}
+	if n := r.get("new-epoch"); n != 5 {
+		t.Fatalf("%d new-epoch resets, want 5", n)
 	}
 }
 

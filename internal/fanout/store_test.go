@@ -109,9 +109,10 @@ func sameInsts(t testing.TB, what string, got, want []*registryv1.Instance) {
 
 // A snapshot, a relist and a put all go out as the stored bytes the
 // watcher forwarded, not encoded again: the snapshot's elements are the
-// batch's very slices (shared by every feed), the relist's reset snapshot
-// takes the relist's bytes even for the records the cache kept (same mod
-// revision), a put's unit and the next snapshot carry the put's bytes;
+// batch's very slices (shared by every feed), the relist's changes carry
+// its bytes, a reset snapshot after it takes the relist's bytes even for
+// the records the cache kept (same mod revision), a put's unit and the
+// next snapshot carry the put's bytes;
 // and all of it decodes to the instances. What came without bytes is
 // encoded, and decodes the same.
 func TestRelistAndPutsForwardStoredBytes(t *testing.T) {
@@ -143,10 +144,22 @@ func TestRelistAndPutsForwardStoredBytes(t *testing.T) {
 	relist := listed(t, 20, true, rec("orders", "o-1", 1, 2, 2), rec("orders", "o-2", 2, 3, 15), newer, big,
 		rec("users", "u-1", 1, 6, 6), rec("users", "u-2", 1, 7, 7))
 	mustApply(t, h, relist)
-	u2 := next(t, s)
+	// The subscriber gets what changed (o-2), as the relist's bytes.
+	u1 := next(t, s)
+	w1, chunks1 := decodeUnit(t, u1)
+	if got := w1.GetEvents().GetEvents(); w1.Revision != 20 || len(got) != 1 || got[0].GetId() != "o-2" ||
+		!proto.Equal(got[0].GetInstance(), relist.Instances[1]) {
+		t.Fatalf("after the relist: %v, want the put of o-2 at 20", w1)
+	}
+	if !contains(chunks1, relist.Encoded[1]) {
+		t.Fatal("the relist's put of o-2 went out encoded again, not as its stored bytes")
+	}
+	// A reset snapshot after the relist takes the relist's bytes, even for
+	// the records the cache kept (same mod revision).
+	u2 := next(t, subscribe(t, h, "orders", 1))
 	w2, chunks2 := decodeUnit(t, u2)
 	if !w2.GetSnapshot().GetReset_() || w2.Revision != 20 {
-		t.Fatalf("after the relist: %v", w2)
+		t.Fatalf("a resume from before the relist: %v, want a reset snapshot at 20", w2)
 	}
 	sameInsts(t, "reset snapshot", w2.GetSnapshot().GetInstances(), relist.Instances[:4])
 	for i, e := range u2.body.parts[0].elems {
