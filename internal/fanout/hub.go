@@ -188,12 +188,16 @@ type Hub struct {
 		sync.Mutex
 		ring      []cache.Batch // transactions after ringStart, oldest first
 		ringStart int64         // the ring holds every transaction after this revision
-		events    int           // events in ring
-		rev       int64         // revision of the cache
-		epoch     string        // epoch of the cache
-		feeds     map[string]*feed
-		subs      int
-		closed    bool
+		// gaps are the relists the ring spans: each took the view from one
+		// revision to another in one step (their differences are in the
+		// ring), so no resume from between the two can be continued.
+		gaps   []gap
+		events int    // events in ring
+		rev    int64  // revision of the cache
+		epoch  string // epoch of the cache
+		feeds  map[string]*feed
+		subs   int
+		closed bool
 	}
 }
 
@@ -299,6 +303,7 @@ func (h *Hub) publish(rev int64, ep string, confirms uint64) {
 // then the new tick, from which every other subscriber sends progress.
 func (h *Hub) apply(b cache.Batch) error {
 	h.mu.Lock()
+	prevRev := h.mu.rev
 	d, err := h.cache.Apply(b)
 	if err != nil {
 		h.mu.Unlock()
@@ -315,12 +320,14 @@ func (h *Hub) apply(b cache.Batch) error {
 	rev, ep, confirms := h.mu.rev, h.mu.epoch, h.tick.Load().confirms
 	switch {
 	case b.Snapshot:
-		h.mu.ring, h.mu.events, h.mu.ringStart = nil, 0, b.Revision
 		// O(instances), as the cache's own Apply of a snapshot is: under
 		// h.mu, so every snapshot of the new cache finds its elements.
 		h.store.reset(h.cache.Snapshot(), b)
 		first := false
 		h.readyOnce.Do(func() { close(h.ready); first = true })
+		if first || b.NewEpoch {
+			h.mu.ring, h.mu.events, h.mu.ringStart, h.mu.gaps = nil, 0, b.Revision, nil
+		}
 		if first {
 			h.mu.Unlock()
 			break
@@ -329,8 +336,19 @@ func (h *Hub) apply(b cache.Batch) error {
 			// A relist of the same history: every subscriber holds (or has
 			// queued) the view before it, so the differences take it to
 			// the relist's, as one transaction at its revision, and a
-			// relist costs subscribers what changed, not everything.
-			units := h.relistUnits(d, b, ep)
+			// relist costs subscribers what changed, not everything. The
+			// ring keeps them too, so that a subscriber resuming from
+			// before the relist (its stream stalled while etcd was away)
+			// gets them, not a reset; only a resume from between the two
+			// revisions cannot be continued (see Subscribe).
+			evs := relistEvents(d, b)
+			h.mu.gaps = append(h.mu.gaps, gap{from: prevRev, to: b.Revision})
+			var units map[*feed]*Unit
+			if len(evs) > 0 {
+				tx := cache.Batch{Revision: b.Revision, Events: evs}
+				h.ringAppend(tx)
+				units = h.unitsOf(tx, ep)
+			}
 			h.mu.Unlock()
 			h.log.Info("etcd relist: subscribers sent the differences", "revision", b.Revision,
 				"added", len(d.Added), "updated", len(d.Updated), "removed", len(d.Removed), "feeds", len(units))
@@ -357,16 +375,7 @@ func (h *Hub) apply(b cache.Batch) error {
 			f.mu.Unlock()
 		}
 	case len(b.Events) > 0:
-		h.mu.ring = append(h.mu.ring, cache.Batch{Revision: b.Revision, Events: b.Events})
-		h.mu.events += len(b.Events)
-		for h.mu.events > h.cfg.RingSize && len(h.mu.ring) > 1 {
-			// No zeroing: a resume may be reading this entry outside
-			// h.mu (see Subscribe); the backing array is dropped when
-			// append next reallocates it.
-			h.mu.ringStart = h.mu.ring[0].Revision
-			h.mu.events -= len(h.mu.ring[0].Events)
-			h.mu.ring = h.mu.ring[1:]
-		}
+		h.ringAppend(cache.Batch{Revision: b.Revision, Events: b.Events})
 		h.store.put(b)
 		units := h.unitsOf(b, ep)
 		h.mu.Unlock()
@@ -412,11 +421,46 @@ func (h *Hub) unitsOf(b cache.Batch, ep string) map[*feed]*Unit {
 	return units
 }
 
-// relistUnits returns, with each feed locked, the unit of d (what a
-// relist b changed in the cache) for every feed whose service it changed:
-// its puts and deletes at b's revision, the puts carrying the relist's
-// stored bytes. Called with h.mu held.
-func (h *Hub) relistUnits(d cache.Diff, b cache.Batch, ep string) map[*feed]*Unit {
+// gap is a relist that took the hub's view from revision from to
+// revision to in one step.
+type gap struct{ from, to int64 }
+
+// ringAppend adds one transaction to the ring, dropping the oldest while
+// it holds more than RingSize events (it always keeps the newest), and
+// the gaps it no longer spans. Called with h.mu held.
+func (h *Hub) ringAppend(b cache.Batch) {
+	h.mu.ring = append(h.mu.ring, b)
+	h.mu.events += len(b.Events)
+	for h.mu.events > h.cfg.RingSize && len(h.mu.ring) > 1 {
+		// No zeroing: a resume may be reading this entry outside
+		// h.mu (see Subscribe); the backing array is dropped when
+		// append next reallocates it.
+		h.mu.ringStart = h.mu.ring[0].Revision
+		h.mu.events -= len(h.mu.ring[0].Events)
+		h.mu.ring = h.mu.ring[1:]
+	}
+	for len(h.mu.gaps) > 0 && h.mu.gaps[0].to <= h.mu.ringStart {
+		h.mu.gaps = h.mu.gaps[1:]
+	}
+}
+
+// inGap reports whether from lies strictly inside a relist the ring
+// spans: a revision this hub never held, whose view the relist's
+// differences may not take to the next (a record created and deleted
+// between the two would stay). Called with h.mu held.
+func (h *Hub) inGap(from int64) bool {
+	for _, g := range h.mu.gaps {
+		if from > g.from && from < g.to {
+			return true
+		}
+	}
+	return false
+}
+
+// relistEvents returns the changes d (what a relist b changed in the
+// cache) as events: puts carrying the relist's stored bytes, then
+// deletes.
+func relistEvents(d cache.Diff, b cache.Batch) []cache.Event {
 	changed := len(d.Added) + len(d.Updated)
 	if changed+len(d.Removed) == 0 {
 		return nil
@@ -444,7 +488,7 @@ func (h *Hub) relistUnits(d cache.Diff, b cache.Batch, ep string) map[*feed]*Uni
 	for _, k := range d.Removed {
 		evs = append(evs, cache.Event{Type: cache.Delete, Service: k.Service, ID: k.ID})
 	}
-	return h.unitsOf(cache.Batch{Revision: b.Revision, Events: evs}, ep)
+	return evs
 }
 
 // Subscribe registers a subscriber of service ("" for all) that has seen
@@ -535,7 +579,7 @@ func (h *Hub) Subscribe(ctx context.Context, service string, from int64, ep stri
 	case gone:
 		reset, newEpoch = true, true
 		h.resetSent("new-epoch")
-	case from >= h.mu.ringStart:
+	case from >= h.mu.ringStart && !h.inGap(from):
 		snapshot = false
 		ring := h.mu.ring
 		tail = ring[sort.Search(len(ring), func(i int) bool { return ring[i].Revision > from }):]

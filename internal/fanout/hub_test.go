@@ -217,8 +217,10 @@ func TestSlowSubscriberResetFastOneNot(t *testing.T) {
 // as one transaction at the relist's revision: the subscribers of one
 // service share one unit, the all-services feed gets every change, a
 // service the relist did not change gets progress only, no one is reset,
-// and each view built from its units is the cache's. A relist onto
-// another history (a new epoch) still resets everyone.
+// and each view built from its units is the cache's. The ring keeps the
+// differences for resumes from before the relist; a resume from inside
+// it is reset. A relist onto another history (a new epoch) still resets
+// everyone.
 func TestRelistSendsTheDifferences(t *testing.T) {
 	h, r := testHub(t, 16, inst("orders", "a", 1), inst("orders", "b", 1), inst("pay", "p", 1), inst("users", "u", 1))
 	a, b, c, p, all := subscribe(t, h, "orders", 0), subscribe(t, h, "orders", 0), subscribe(t, h, "users", 0),
@@ -288,8 +290,24 @@ func TestRelistSendsTheDifferences(t *testing.T) {
 			}
 		}
 	}
-	if n := r.get("etcd-relist") + r.get("new-epoch"); n != 0 {
+	if n := r.get("etcd-relist") + r.get("new-epoch") + r.get("ring"); n != 0 {
 		t.Fatalf("%d subscribers reset by a relist of the same history", n)
+	}
+	// Resumes: from before the relist (a stream that stalled while etcd
+	// was away), the ring's transactions then the differences; from the
+	// relist's own revision, nothing; from between the two revisions, a
+	// revision this hub never held, a reset.
+	for _, c := range []struct {
+		from int64
+		want string
+	}{{1, "put orders/b, put orders/n, put orders/a"}, {2, "put orders/n, put orders/a"}, {9, ""}} {
+		u := next(t, subscribe(t, h, "orders", c.from))
+		if u.Batch().Snapshot || u.Revision() != 9 || ids(u) != c.want {
+			t.Fatalf("resume from %d: %+v [%s], want [%s] at 9", c.from, u.Batch(), ids(u), c.want)
+		}
+	}
+	if u := next(t, subscribe(t, h, "orders", 5)); !u.Batch().Snapshot || !u.Batch().Reset || len(u.Batch().Instances) != 3 || r.get("ring") != 1 {
+		t.Fatalf("resume from 5, inside the relist: %+v (ring resets %d), want a reset snapshot of 3", u.Batch(), r.get("ring"))
 	}
 	mustApply(t, h, cache.Batch{Revision: 3, Snapshot: true, Reset: true, NewEpoch: true, Epoch: "e2", Instances: []*registryv1.Instance{inst("orders", "a", 3)}})
 	for _, s := range []*Sub{a, c, all} {
@@ -297,8 +315,8 @@ func TestRelistSendsTheDifferences(t *testing.T) {
 			t.Fatalf("%q after a new epoch: %+v", s.Service(), u.Batch())
 		}
 	}
-	if n := r.get("new-epoch"); n != 5 {
-		t.Fatalf("%d new-epoch resets, want 5", n)
+	if n := r.get("new-epoch"); n != 9 {
+		t.Fatalf("%d new-epoch resets, want 9 (every subscriber)", n)
 	}
 }
 
