@@ -6,7 +6,8 @@
 // that matter are ratios that hold on a noisy machine.
 //
 //	regbench SCENARIO [flags]       SCENARIO: register, propagate, compaction,
-//	                                failover, fanout, resync, pick, flood, scale, or all
+//	                                failover, fanout, resync, pick, flood, scale, or all;
+//	                                or several, comma-separated, run in that order
 //
 // It starts everything it needs itself (embedded etcd, regnodes via
 // node.Start, gRPC backends, subscribers; all on loopback), prints a
@@ -153,7 +154,7 @@ func usage(w io.Writer, fs *flag.FlagSet) {
 	for _, s := range scenarios {
 		fmt.Fprintf(w, " %s", s.name)
 	}
-	fmt.Fprintf(w, " all\n\nflags:\n")
+	fmt.Fprintf(w, " all (or several, comma-separated: register,resync)\n\nflags:\n")
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 }
@@ -319,9 +320,13 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 		usage(stderr, fs)
 		return "", nil, fmt.Errorf("-scale-rate: %g is not positive", c.scaleRate)
 	}
-	if name != "all" && find(name) == nil {
-		usage(stderr, fs)
-		return "", nil, fmt.Errorf("unknown scenario %q", name)
+	if name != "all" {
+		for _, n := range strings.Split(name, ",") {
+			if find(n) == nil {
+				usage(stderr, fs)
+				return "", nil, fmt.Errorf("unknown scenario %q", n)
+			}
+		}
 	}
 	return name, c, nil
 }
@@ -365,7 +370,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	list := scenarios
 	if name != "all" {
-		list = []scenario{*find(name)}
+		list = nil
+		for _, n := range strings.Split(name, ",") {
+			list = append(list, *find(n))
+		}
 	}
 	start := time.Now()
 	code := 0

@@ -264,7 +264,7 @@ func TestScenariosJSON(t *testing.T) {
 }
 
 func TestUsage(t *testing.T) {
-	for _, args := range [][]string{nil, {"nope"}, {"register", "extra"}, {"register", "-no-such-flag"},
+	for _, args := range [][]string{nil, {"nope"}, {"register,nope"}, {"register,"}, {"register", "extra"}, {"register", "-no-such-flag"},
 		{"scale", "-scale-procs", "0"}, {"scale", "-scale-rate", "-1"}} {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), args, &out, &errb); code != 2 {
@@ -278,6 +278,13 @@ func TestUsage(t *testing.T) {
 				t.Errorf("regbench %q: usage lacks %q: %s", args, want, errb.String())
 			}
 		}
+	}
+}
+
+func TestSeveralScenarios(t *testing.T) {
+	name, _, err := parse([]string{"register,resync", "-short"}, &bytes.Buffer{})
+	if err != nil || name != "register,resync" {
+		t.Fatalf("parse: %q, %v", name, err)
 	}
 }
 
