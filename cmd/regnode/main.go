@@ -79,6 +79,7 @@ func run(args []string) int {
 	cfg := node.DefaultConfig()
 	var (
 		logLevel        string
+		groupCommit     bool
 		listenClient    []string
 		advertiseClient []string
 		listenPeer      []string
@@ -109,6 +110,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 			if err != nil {
 				return usageError{err}
 			}
+			cfg.NoGroupCommit = !groupCommit
 			cfg.Embed.ListenClientURLs, cfg.Embed.AdvertiseClientURLs = listenClient, advertiseClient
 			cfg.Embed.ListenPeerURLs, cfg.Embed.AdvertisePeerURLs = listenPeer, advertisePeer
 			if cfg.Name != "" {
@@ -171,7 +173,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.Uint32Var(&cfg.MaxConcurrentStreams, "max-concurrent-streams", cfg.MaxConcurrentStreams, "calls and streams in flight on one client connection to the API (HTTP/2 MAX_CONCURRENT_STREAMS; a client past it waits)")
 	f.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, fmt.Sprintf("largest message a client may send to the API (at least %d; larger: ResourceExhausted)", node.MinRequestBytes))
 	f.IntVar(&cfg.MaxResponseBytes, "max-response-bytes", cfg.MaxResponseBytes, fmt.Sprintf("largest message the API sends (at least %d; List pages and Watch chunks are about 1 MiB)", node.MinResponseBytes))
-	f.BoolVar(&cfg.GroupCommit, "group-commit", cfg.GroupCommit, "commit concurrent Registers as one etcd transaction, each with its own compares and lease (--group-commit=false: one transaction each)")
+	f.BoolVar(&groupCommit, "group-commit", true, "commit concurrent Registers as one etcd transaction, each with its own compares and lease (--group-commit=false: one transaction each)")
 	f.StringVar(&cfg.OperatorDeregister, "operator-deregister", cfg.OperatorDeregister, "who may deregister without the registration's secret: loopback (callers on this host) or none")
 	// TLS of the API and the HTTP port: etcd's names and meanings.
 	f.StringVar(&cfg.TLS.CertFile, "cert-file", "", "serve the API and the metrics port over TLS with this certificate (PEM; re-read when it changes)")

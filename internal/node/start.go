@@ -164,7 +164,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 
 	n.metrics = metrics.New()
 	// Registration past raw etcd: leases taken from a pool granted ahead,
-	// renewals on one stream, and with GroupCommit concurrent
+	// renewals on one stream, and (unless NoGroupCommit) concurrent
 	// registrations' writes committed as one Txn.
 	n.renew = leasepool.NewRenewer(n.cli, n.log)
 	if err = n.life.Start(ctx, stopper.Component{Name: "lease renewer",
@@ -191,7 +191,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	sc := store.Config{Client: n.cli, Prefix: cfg.Prefix, Logger: n.log,
 		OnJunk: func(string, error) { n.metrics.JunkSkipped.Inc() },
 		Leases: n.leases, Renew: n.renew}
-	if cfg.GroupCommit {
+	if !cfg.NoGroupCommit {
 		bc := txnbatch.DefaultConfig()
 		bc.Client, bc.Logger = n.cli, n.log
 		if err = n.life.Start(ctx, stopper.Component{Name: "txn batcher",
