@@ -64,12 +64,36 @@ func New() *Cache { return &Cache{} }
 // readers see all of it or none of it. Apply never modifies b or the
 // instances in it, and keeps them: the caller must not modify them either.
 func (c *Cache) Apply(b Batch) (Diff, error) {
+	st, err := c.ApplyStep(b)
+	return st.Diff, err
+}
+
+// Step is what one accepted Apply did: the view it started from (Prev)
+// and the one it published (Next, Prev itself for a no-op), what changed
+// (Diff), and what it counted. Apply is a function of the view and the
+// batch alone, so another cache whose view is Prev would make the same
+// step: Replay takes it there without computing it again.
+type Step struct {
+	Prev, Next *Snapshot
+	Diff       Diff
+	counts     stepCounts
+}
+
+// stepCounts is what a Step adds to a cache's Stats.
+type stepCounts struct {
+	applied, resets, newEpochs, invalid uint64
+}
+
+// ApplyStep is Apply, returning the whole Step (a zero Step, with a nil
+// Prev, for a refused batch).
+func (c *Cache) ApplyStep(b Batch) (Step, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	prev := c.load()
 	var (
 		next *Snapshot
 		d    Diff
+		n    stepCounts
 	)
 	switch {
 	case b.Snapshot:
@@ -86,21 +110,21 @@ func (c *Cache) Apply(b Batch) (Diff, error) {
 		}
 		for _, in := range b.Instances {
 			if in == nil || in.Service == "" || in.Id == "" {
-				c.invalid.Add(1)
+				n.invalid++
 				continue
 			}
 			net.set(Key{in.Service, in.Id}, in)
 		}
 		next, d = build(prev, b.Revision, net, true, !b.NewEpoch)
 		if b.Reset || b.NewEpoch {
-			c.resets.Add(1)
+			n.resets++
 		}
 		if b.NewEpoch {
-			c.newEpochs.Add(1)
+			n.newEpochs++
 		}
 	case len(b.Events) == 0:
 		if b.Revision <= prev.revision {
-			return Diff{Revision: prev.revision}, nil
+			return Step{Prev: prev, Next: prev, Diff: Diff{Revision: prev.revision}}, nil
 		}
 		next = &Snapshot{revision: b.Revision, services: prev.services, names: prev.names, n: prev.n}
 		d = Diff{Revision: b.Revision}
@@ -112,21 +136,68 @@ func (c *Cache) Apply(b Batch) (Diff, error) {
 		for _, ev := range b.Events {
 			k, in, ok := keyOf(ev)
 			if !ok {
-				c.invalid.Add(1)
+				n.invalid++
 				continue
 			}
 			net.set(k, in)
 		}
 		next, d = build(prev, b.Revision, net, false, true)
 	}
+	n.applied = 1
 	c.cur.Store(next)
-	c.applied.Add(1)
-	return d, nil
+	c.count(n)
+	return Step{Prev: prev, Next: next, Diff: d, counts: n}, nil
 }
 
-func (c *Cache) refuse(b Batch, prev *Snapshot) (Diff, error) {
+// Replay takes st, a Step another cache made, if this cache's view is
+// st.Prev: it publishes st.Next and counts what Apply would have, in
+// O(1), and reports true. Otherwise it changes nothing and reports false
+// (apply the batch instead). Caches that follow one source this way
+// share its snapshots.
+func (c *Cache) Replay(st Step) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st.Prev == nil || c.load() != st.Prev {
+		return false
+	}
+	if st.Next != st.Prev {
+		c.cur.Store(st.Next)
+	}
+	c.count(st.counts)
+	return true
+}
+
+// Seed is the Step from the view of a new cache to c's current view, as
+// Apply of that view as a snapshot would make it (every instance Added):
+// a new cache Replays it to hold c's view, sharing its snapshot, so
+// that c's later Steps replay on it too.
+func (c *Cache) Seed() Step {
+	snap := c.load()
+	d := Diff{Revision: snap.revision, Reset: true}
+	if snap.n > 0 {
+		d.Added = snap.All()
+	}
+	return Step{Prev: emptySnapshot, Next: snap, Diff: d, counts: stepCounts{applied: 1}}
+}
+
+func (c *Cache) count(n stepCounts) {
+	if n.applied != 0 {
+		c.applied.Add(n.applied)
+	}
+	if n.resets != 0 {
+		c.resets.Add(n.resets)
+	}
+	if n.newEpochs != 0 {
+		c.newEpochs.Add(n.newEpochs)
+	}
+	if n.invalid != 0 {
+		c.invalid.Add(n.invalid)
+	}
+}
+
+func (c *Cache) refuse(b Batch, prev *Snapshot) (Step, error) {
 	c.stale.Add(1)
-	return Diff{}, fmt.Errorf("%w: batch at revision %d, cache at revision %d", ErrStale, b.Revision, prev.revision)
+	return Step{}, fmt.Errorf("%w: batch at revision %d, cache at revision %d", ErrStale, b.Revision, prev.revision)
 }
 
 // load returns the current snapshot, never nil.

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"unsafe"
 
@@ -517,5 +518,73 @@ func TestLargeServiceCopyOnWrite(t *testing.T) {
 	}
 	for range s2.Each("missing") {
 		t.Errorf("Each of a missing service yielded")
+	}
+}
+
+// A cache whose view is the one another cache stepped from takes the same
+// step by Replay: the very snapshot, the same diff and the same counts as
+// Apply would give; one whose view is not refuses, changing nothing. Seed
+// starts a new cache on another's view.
+func TestReplayAndSeed(t *testing.T) {
+	src, follower, applied := New(), New(), New()
+	batches := []Batch{
+		{Revision: 5, Snapshot: true, Instances: []*registryv1.Instance{in("a", "1", "x:1", 5), in("a", "2", "x:2", 5), nil}},
+		{Revision: 6, Events: []Event{put(in("a", "3", "x:3", 6)), del("a", "1"), {Type: Put}}},
+		{Revision: 6}, // progress at the same revision: a no-op step
+		{Revision: 7}, // progress that moves the revision
+		{Revision: 4, Events: []Event{put(in("a", "9", "x:9", 4))}}, // stale: no step
+		{Revision: 9, Snapshot: true, Reset: true, Instances: []*registryv1.Instance{in("b", "1", "y:1", 9), in("b", "2", "y:2", 9)}},
+	}
+	for i, b := range batches {
+		st, err := src.ApplyStep(b)
+		want, werr := applied.Apply(b)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("batch %d: ApplyStep %v, Apply %v", i, err, werr)
+		}
+		if err != nil {
+			if follower.Replay(st) {
+				t.Fatalf("batch %d: a refused batch's step replayed", i)
+			}
+			continue
+		}
+		if !follower.Replay(st) {
+			t.Fatalf("batch %d: the follower, on the source's view, refused its step", i)
+		}
+		if follower.Snapshot() != src.Snapshot() {
+			t.Fatalf("batch %d: the follower does not share the source's snapshot", i)
+		}
+		if fmt.Sprint(st.Diff) != fmt.Sprint(want) || viewString(t, follower.Snapshot()) != viewString(t, applied.Snapshot()) {
+			t.Fatalf("batch %d: step %v / view %s; Apply gave %v / %s", i, st.Diff, viewString(t, follower.Snapshot()), want, viewString(t, applied.Snapshot()))
+		}
+	}
+	if fs, as := follower.Stats(), applied.Stats(); fs.Applied != as.Applied || fs.Resets != as.Resets || fs.Invalid != as.Invalid || fs.NewEpochs != as.NewEpochs {
+		t.Fatalf("follower's stats %+v, Apply's %+v", fs, as)
+	}
+
+	// A view that went its own way refuses the source's next step.
+	if _, err := applied.Apply(Batch{Revision: 10, Events: []Event{put(in("b", "3", "y:3", 10))}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := src.ApplyStep(Batch{Revision: 10, Events: []Event{put(in("b", "4", "y:4", 10))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := applied.Snapshot()
+	if applied.Replay(st) || applied.Snapshot() != before {
+		t.Fatal("a cache not on the step's view took it")
+	}
+
+	// Seed: a new cache takes the source's view; later steps replay on it.
+	fresh := New()
+	seed := src.Seed()
+	if !fresh.Replay(seed) || fresh.Snapshot() != src.Snapshot() || len(seed.Diff.Added) != 3 || !seed.Diff.Reset {
+		t.Fatalf("seed: replayed view %s, diff %v", viewString(t, fresh.Snapshot()), seed.Diff)
+	}
+	if applied.Replay(src.Seed()) {
+		t.Fatal("a cache with a view took a seed")
+	}
+	st, err = src.ApplyStep(Batch{Revision: 11, Events: []Event{del("b", "1")}})
+	if err != nil || !fresh.Replay(st) || fresh.Len() != 2 {
+		t.Fatalf("after the seed: %v, replayed view %s", err, viewString(t, fresh.Snapshot()))
 	}
 }

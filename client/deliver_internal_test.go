@@ -63,7 +63,7 @@ func (s *Subscription) feed(t testing.TB, b cache.Batch) {
 	t.Helper()
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
-	if err := s.apply(b, nil); err != nil {
+	if err := s.apply(b, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 }

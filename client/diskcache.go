@@ -378,7 +378,7 @@ func (s *Subscription) loadDisk() {
 		return
 	}
 	b := cache.Batch{Revision: v.revision, Snapshot: true, Epoch: v.epoch, Instances: v.instances}
-	if err := s.apply(b, v); err != nil {
+	if err := s.apply(b, v, nil); err != nil {
 		s.c.log.Warn("last-known-good view ignored", "service", s.service, "err", err)
 		return
 	}

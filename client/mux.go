@@ -218,11 +218,14 @@ func (m *mux) attach(s *Subscription) error {
 	return nil
 }
 
-// seed gives s the feed's whole view as a snapshot; f.mu is held.
+// seed gives s the feed's whole view as a snapshot; f.mu is held. A
+// Subscription with no view yet takes the feed's own (cache.Seed), so the
+// feed's later steps replay on it instead of being applied again.
 func (f *feed) seed(s *Subscription) {
 	b := cache.Batch{Revision: f.cache.Revision(), Snapshot: true, Epoch: f.epoch, Instances: f.instances()}
 	fresh := s.cache.Revision() != 0 // a view that went its own way: replace it
-	if err := s.applyUnit(f.epoch, b, &fresh); err != nil {
+	st := f.cache.Seed()
+	if err := s.applyUnit(f.epoch, b, &fresh, &st); err != nil {
 		s.c.log.Error("subscription refused its service's view", "service", f.service, "err", err)
 	}
 }
@@ -594,7 +597,8 @@ func (f *feed) take(mc *muxConn, r *registryv1.WatchResponse) error {
 	if ep := unit.Epoch; ep != "" && f.epoch != "" && ep != f.epoch && !(b.Snapshot && b.NewEpoch) {
 		return fmt.Errorf("%w: %q on %q, revision %d of %q", errOtherEpoch, f.service, f.epoch, b.Revision, ep)
 	}
-	if _, err := f.cache.Apply(b); err != nil {
+	st, err := f.cache.ApplyStep(b)
+	if err != nil {
 		if errors.Is(err, cache.ErrStale) && !b.Snapshot && b.Revision <= f.cache.Revision() {
 			return nil // a duplicate of what the feed holds
 		}
@@ -609,7 +613,7 @@ func (f *feed) take(mc *muxConn, r *registryv1.WatchResponse) error {
 	}
 	for s := range f.subs {
 		sfresh := fresh // each Subscription judges a fresh snapshot against its own view
-		if err := s.applyUnit(unit.Epoch, b, &sfresh); err != nil {
+		if err := s.applyUnit(unit.Epoch, b, &sfresh, &st); err != nil {
 			// The Subscription's view left the feed's: give it the feed's.
 			s.c.log.Warn("subscription refused a unit; replacing its view with the stream's", "service", f.service, "err", err)
 			f.seed(s)

@@ -499,28 +499,36 @@ func (s *Subscription) stream(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		if err := s.applyUnit(unit.Epoch, b, &fresh); err != nil {
+		if err := s.applyUnit(unit.Epoch, b, &fresh, nil); err != nil {
 			return err
 		}
 	}
 }
 
-// applyUnit applies one live unit of epoch ep.
-func (s *Subscription) applyUnit(ep string, b cache.Batch, fresh *bool) error {
+// applyUnit applies one live unit of epoch ep. st, if set, is the step
+// the feed's cache took for b: taken as it is (cache.Replay) when this
+// view is where the feed's was and b is applied unchanged, since a
+// Subscription of the feed is then its copy; else b is applied.
+func (s *Subscription) applyUnit(ep string, b cache.Batch, fresh *bool, st *cache.Step) error {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	if *fresh && b.Snapshot {
 		// Replaces a view no regnode has: a new epoch for this view.
 		b.Reset, b.NewEpoch, *fresh = s.cache.Revision() != 0, b.Revision < s.cache.Revision(), false
+		st = nil
 	}
+	asGiven := b
 	b, ok := s.fromDiskSnapshot(ep, b)
 	if !ok {
 		return nil
 	}
+	if b.Reset != asGiven.Reset || b.NewEpoch != asGiven.NewEpoch {
+		st = nil
+	}
 	if err := s.checkEpoch(ep, b); err != nil {
 		return err
 	}
-	if err := s.apply(b, nil); err != nil {
+	if err := s.apply(b, nil, st); err != nil {
 		return err
 	}
 	s.setEpoch(ep)
@@ -530,10 +538,20 @@ func (s *Subscription) applyUnit(ep string, b cache.Batch, fresh *bool) error {
 	return nil
 }
 
-// apply applies b to the cache and tells the listeners; disk is the view
-// b was loaded from, nil for a live unit. The caller holds applyMu.
-func (s *Subscription) apply(b cache.Batch, disk *diskView) error {
-	diff, err := s.cache.Apply(b)
+// apply applies b to the cache (or replays st, the step another cache
+// took for b, if this view is where it started) and tells the listeners;
+// disk is the view b was loaded from, nil for a live unit. The caller
+// holds applyMu.
+func (s *Subscription) apply(b cache.Batch, disk *diskView, st *cache.Step) error {
+	var (
+		diff cache.Diff
+		err  error
+	)
+	if st != nil && s.cache.Replay(*st) {
+		diff = st.Diff
+	} else {
+		diff, err = s.cache.Apply(b)
+	}
 	if err != nil {
 		if errors.Is(err, cache.ErrStale) && !b.Snapshot && len(b.Events) > 0 && b.Revision <= s.cache.Revision() {
 			// Duplicates of what we hold cannot hurt; anything else stale

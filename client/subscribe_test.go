@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -470,5 +471,48 @@ func TestEmptyIsNotUnknown(t *testing.T) {
 	}
 	if _, err := c.Subscribe(context.Background(), "Bad_Name", client.SubscribeOptions{}); err == nil {
 		t.Fatal("bad service name accepted")
+	}
+}
+
+// The Subscriptions of one service on one Client are copies of one feed:
+// each takes the feed's step (cache.Replay), so they share its snapshot
+// instead of applying every unit again, the first (the feed's first
+// snapshot) and one that joins later (seeded from the feed's view) alike;
+// and each still holds exactly what etcd holds, with its own changes.
+func TestSubscriptionsOfOneServiceShareOneView(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}}, m.ClientURL)
+	c := newClient(t, rn.Addr)
+	churn(t, direct, "orders", 20, 1)
+	var changes [2]atomic.Int64
+	subscribe := func(i int) *client.Subscription {
+		s, err := c.Subscribe(context.Background(), "orders", client.SubscribeOptions{OnChange: func(ch client.Change) {
+			if !ch.Progress {
+				changes[i].Add(1)
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	a := subscribe(0)
+	waitFor(t, time.Minute, "the first view", func() bool { return equalsEtcd(t, direct, a, "orders") })
+	b := subscribe(1)
+	waitFor(t, time.Minute, "the second view", func() bool { return equalsEtcd(t, direct, b, "orders") })
+	before := [2]int64{changes[0].Load(), changes[1].Load()}
+	churn(t, direct, "orders", 20, 2)
+	waitFor(t, time.Minute, "both views after the churn", func() bool {
+		return equalsEtcd(t, direct, a, "orders") && equalsEtcd(t, direct, b, "orders")
+	})
+	// Progress may move both between two reads: wait for a moment they
+	// agree, which copies of one feed reach at every step.
+	waitFor(t, 10*time.Second, "one shared snapshot", func() bool { return a.Snapshot() == b.Snapshot() })
+	for i := range changes {
+		if changes[i].Load() <= before[i] {
+			t.Fatalf("subscription %d was told of no change during the churn", i)
+		}
 	}
 }
