@@ -3,6 +3,7 @@ package peerlimit_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/regcluster/registry/internal/peerlimit"
 )
@@ -105,6 +106,39 @@ func TestSweep(t *testing.T) {
 	}
 	if n := l.Sweep(60, func(peerlimit.Instance) (int64, bool) { return 0, false }); n != 2 || l.Held("k") != 0 {
 		t.Fatalf("a view with nothing: swept %d, held %d", n, l.Held("k"))
+	}
+}
+
+// Sweep looks records up outside the limiter's lock (a lookup that calls
+// the limiter does not deadlock), and a hold granted again while it looks
+// is not released.
+func TestSweepLooksUpOutsideTheLock(t *testing.T) {
+	l := capped(t, 10)
+	a, b := peerlimit.Instance{Service: "s", ID: "a"}, peerlimit.Instance{Service: "s", ID: "b"}
+	grant(t, l, "k", a, 1, 10)
+	grant(t, l, "k", b, 2, 11)
+	done := make(chan int, 1)
+	go func() {
+		done <- l.Sweep(40, func(i peerlimit.Instance) (int64, bool) {
+			if i == a {
+				l.Held("k") // takes the limiter's lock
+				// a registers again meanwhile
+				if r, err := l.Reserve("k", a); err != nil {
+					t.Error(err)
+				} else {
+					r.Granted(5, 41)
+				}
+			}
+			return 0, false // neither is in the view
+		})
+	}()
+	select {
+	case n := <-done:
+		if n != 1 || l.Held("k") != 1 {
+			t.Fatalf("swept %d, held %d; want b released and a's new hold kept", n, l.Held("k"))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Sweep called lookup with the limiter's lock held: deadlock")
 	}
 }
 
