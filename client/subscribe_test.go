@@ -3,7 +3,9 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -514,5 +516,104 @@ func TestSubscriptionsOfOneServiceShareOneView(t *testing.T) {
 		if changes[i].Load() <= before[i] {
 			t.Fatalf("subscription %d was told of no change during the churn", i)
 		}
+	}
+}
+
+// forwarder is a TCP forwarder to addr that counts the connections it
+// accepted, and can be closed with everything it carries.
+type forwarder struct {
+	ln       net.Listener
+	accepted atomic.Int64
+	mu       sync.Mutex
+	conns    []net.Conn
+	wg       sync.WaitGroup
+}
+
+func forward(t *testing.T, addr string) *forwarder {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &forwarder{ln: ln}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			f.accepted.Add(1)
+			up, err := net.Dial("tcp", addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, c, up)
+			f.mu.Unlock()
+			f.wg.Add(2)
+			go func() { defer f.wg.Done(); io.Copy(up, c); up.Close() }()
+			go func() { defer f.wg.Done(); io.Copy(c, up); c.Close() }()
+		}
+	}()
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *forwarder) close() {
+	f.ln.Close()
+	f.mu.Lock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+// A Client of three regnodes connects to one of them, not to all three:
+// its subscriptions and calls go there; when that one goes away it
+// connects one more, and the third is never dialed.
+func TestClientConnectsToOneRegnode(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}}, m.ClientURL)
+	fs := []*forwarder{forward(t, rn.Addr), forward(t, rn.Addr), forward(t, rn.Addr)}
+	c := newClient(t, fs[0].ln.Addr().String(), fs[1].ln.Addr().String(), fs[2].ln.Addr().String())
+	churn(t, direct, "orders", 10, 1)
+	sub, err := c.Subscribe(context.Background(), "orders", client.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	waitFor(t, time.Minute, "the first view", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	for range 5 {
+		if _, err := c.API().List(context.Background(), &registryv1.ListRequest{Service: "orders"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := -1
+	total := int64(0)
+	for i, f := range fs {
+		if n := f.accepted.Load(); n > 0 {
+			used, total = i, total+n
+		}
+	}
+	if total != 1 {
+		t.Fatalf("connections accepted by the three regnodes' addresses: %d, %d, %d; want one in all",
+			fs[0].accepted.Load(), fs[1].accepted.Load(), fs[2].accepted.Load())
+	}
+	fs[used].close()
+	churn(t, direct, "orders", 10, 2)
+	waitFor(t, time.Minute, "the view through another regnode", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	dialed := 0
+	for _, f := range fs {
+		if f.accepted.Load() > 0 {
+			dialed++
+		}
+	}
+	if dialed != 2 {
+		t.Fatalf("%d of the three addresses dialed after the first went away, want 2", dialed)
 	}
 }

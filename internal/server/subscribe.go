@@ -36,12 +36,11 @@ import (
 // follower is one service followed on one Subscribe stream: a live
 // subscriber of that service on this regnode.
 type follower struct {
-	service    string
-	stream     *muxStream
-	cancel     context.CancelFunc
-	done       chan struct{}
-	acked      int64 // under subscribers.mu
-	ackedEpoch string
+	service string
+	stream  *muxStream
+	cancel  context.CancelFunc
+	done    chan struct{}
+	acked   int64 // under subscribers.mu
 }
 
 // muxStream is one Subscribe stream.
@@ -159,7 +158,7 @@ func (s *Server) checkAdd(add *registryv1.SubscribeAdd) error {
 // the service's SubscribeError).
 func (s *Server) startFollower(ctx context.Context, ms *muxStream, add *registryv1.SubscribeAdd) *follower {
 	fctx, cancel := context.WithCancel(ctx)
-	f := &follower{service: add.Service, stream: ms, cancel: cancel, done: make(chan struct{}), acked: add.FromRevision, ackedEpoch: add.Epoch}
+	f := &follower{service: add.Service, stream: ms, cancel: cancel, done: make(chan struct{}), acked: add.FromRevision}
 	s.subs.add(f)
 	go func() {
 		defer close(f.done)
