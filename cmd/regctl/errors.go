@@ -115,7 +115,10 @@ func grpcStatus(err error) (*status.Status, bool) {
 // down or the address wrong) from a regnode that answered "unavailable"
 // (its etcd has no leader, say).
 func isDialFailure(msg string) bool {
-	for _, s := range []string{"connection error", "Error while dialing", "connect:", "no such host", "connection refused", "produced zero addresses"} {
+	for _, s := range []string{"connection error", "Error while dialing", "connect:", "no such host", "connection refused", "produced zero addresses",
+		// A TLS server that refused our certificate after the handshake:
+		// the first write finds the connection gone.
+		"broken pipe", "connection reset by peer"} {
 		if strings.Contains(msg, s) {
 			return true
 		}
