@@ -53,12 +53,7 @@ func TestRestoredEtcdAlreadyPastIsANewEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer direct.Close()
-	link := etcdtest.NewProxy(t, cu)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{link.URL()}, DialTimeout: 2 * time.Second, Logger: etcdtest.QuietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	link, cli := proxied(t, cu)
 
 	key := epoch.Key("")
 	c := cache.New()
@@ -70,17 +65,9 @@ func TestRestoredEtcdAlreadyPastIsANewEpoch(t *testing.T) {
 	)
 	w, err := watch.New(watch.Config{Client: cli, EpochKey: key, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 		ProgressInterval: 200 * time.Millisecond,
-		// As the hub does. The restored history holds the kept records at
-		// the revisions the view has them at.
-		Known: func(k string, modRev, createRev int64) *registryv1.Instance {
-			svc, id, _ := keys.Parse(k)
-			in, ok := c.Get(svc, id)
-			if !ok || in.ModRevision != modRev || in.CreateRevision != createRev {
-				return nil
-			}
-			known.Add(1)
-			return in
-		}})
+		// The restored history holds the kept records at the revisions
+		// the view has them at.
+		Known: knownIn(c, &known)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,12 +46,7 @@ func history(t *testing.T, cli *clientv3.Client, from, to int64) []int64 {
 func TestResumeAfterWatchCanceled(t *testing.T) {
 	c := etcdtest.StartCluster(t, 2)
 	direct := c.Members[0].Client(t)
-	p := etcdtest.NewProxy(t, c.Members[1].ClientURL)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.URL()}, DialTimeout: 2 * time.Second, Logger: etcdtest.QuietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	p, cli := proxied(t, c.Members[1].ClientURL)
 	for i := range 10 {
 		put(t, direct, "orders", fmt.Sprint("o-", i), "0")
 	}

@@ -38,6 +38,52 @@ func put(t testing.TB, cli *clientv3.Client, service, id, version string) int64 
 	return r.Header.Revision
 }
 
+// proxied returns a proxy to etcd at url, which the test can cut, and a
+// client of etcd through it; the test ends both.
+func proxied(t *testing.T, url string) (*etcdtest.Proxy, *clientv3.Client) {
+	t.Helper()
+	p := etcdtest.NewProxy(t, url)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.URL()}, DialTimeout: 2 * time.Second, Logger: etcdtest.QuietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return p, cli
+}
+
+// followedOrders is etcd with 50 instances of orders (direct: a client
+// of it), and a follower of them through a proxy (cli: its client), at
+// its first snapshot.
+func followedOrders(t *testing.T) (direct, cli *clientv3.Client, p *etcdtest.Proxy, f *follower) {
+	t.Helper()
+	m := etcdtest.Start(t, false)
+	direct = m.Client(t)
+	p, cli = proxied(t, m.ClientURL)
+	for i := range 50 {
+		put(t, direct, "orders", fmt.Sprint("o-", i), "0")
+	}
+	f = follow(t, cli, "orders")
+	waitFor(t, 5*time.Second, "the snapshot", func() bool { return converged(t, direct, f) })
+	return direct, cli, p, f
+}
+
+// knownIn is a Config.Known as the hub's: c's record at exactly these
+// revisions; n counts the records it gives.
+func knownIn(c *cache.Cache, n *atomic.Int64) func(key string, modRev, createRev int64) *registryv1.Instance {
+	return func(key string, modRev, createRev int64) *registryv1.Instance {
+		svc, id, ok := keys.Parse(key)
+		if !ok {
+			return nil
+		}
+		in, ok := c.Get(svc, id)
+		if !ok || in.ModRevision != modRev || in.CreateRevision != createRev {
+			return nil
+		}
+		n.Add(1)
+		return in
+	}
+}
+
 // follower runs a Watcher into a cache and records every batch.
 type follower struct {
 	c       *cache.Cache
@@ -57,19 +103,7 @@ func follow(t *testing.T, cli *clientv3.Client, service string) *follower {
 	w, err := watch.New(watch.Config{Client: cli, Service: service, PageSize: 7, PageBytes: 1, MinBackoff: 20 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond, ProgressInterval: 200 * time.Millisecond,
 		OnJunk: func(string, error) { f.junk.Add(1) },
-		Known: func(key string, modRev, createRev int64) *registryv1.Instance {
-			// As the hub does: the cache's record at exactly these revisions.
-			svc, id, ok := keys.Parse(key)
-			if !ok {
-				return nil
-			}
-			in, ok := f.c.Get(svc, id)
-			if !ok || in.ModRevision != modRev || in.CreateRevision != createRev {
-				return nil
-			}
-			f.known.Add(1)
-			return in
-		},
+		Known:  knownIn(f.c, &f.known),
 		OnRestart: func(reason string, _ error) {
 			v, _ := f.restart.LoadOrStore(reason, new(atomic.Int64))
 			v.(*atomic.Int64).Add(1)
@@ -225,19 +259,7 @@ func TestSnapshotThenTransactions(t *testing.T) {
 // watcher's revision: it relists, delivers a reset, and converges, with
 // its revision never going down.
 func TestResumeAndCompaction(t *testing.T) {
-	m := etcdtest.Start(t, false)
-	direct := m.Client(t)
-	p := etcdtest.NewProxy(t, m.ClientURL)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.URL()}, DialTimeout: 2 * time.Second, Logger: etcdtest.QuietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	for i := range 50 {
-		put(t, direct, "orders", fmt.Sprint("o-", i), "0")
-	}
-	f := follow(t, cli, "orders")
-	waitFor(t, 5*time.Second, "the snapshot", func() bool { return converged(t, direct, f) })
+	direct, cli, p, f := followedOrders(t)
 
 	// A short cut with few changes: resumed, no relist. The change lands
 	// once the client has seen its connection go.
@@ -288,19 +310,7 @@ func TestResumeAndCompaction(t *testing.T) {
 // them: the reset snapshot carries the very instances the view had for
 // those, new ones for what changed, and the stored bytes of all.
 func TestRelistTakesKnownRecords(t *testing.T) {
-	m := etcdtest.Start(t, false)
-	direct := m.Client(t)
-	p := etcdtest.NewProxy(t, m.ClientURL)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.URL()}, DialTimeout: 2 * time.Second, Logger: etcdtest.QuietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	for i := range 50 {
-		put(t, direct, "orders", fmt.Sprint("o-", i), "0")
-	}
-	f := follow(t, cli, "orders")
-	waitFor(t, 5*time.Second, "the snapshot", func() bool { return converged(t, direct, f) })
+	direct, _, p, f := followedOrders(t)
 	before := map[string]*registryv1.Instance{}
 	for _, in := range f.c.Instances("orders") {
 		before[in.Id] = in
@@ -397,12 +407,7 @@ func TestNewEpoch(t *testing.T) {
 		put(t, ca, "orders", fmt.Sprint("a-", i), "1")
 	}
 	put(t, cb, "orders", "b-1", "1") // b is at a much lower revision
-	p := etcdtest.NewProxy(t, a.ClientURL)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{p.URL()}, DialTimeout: 2 * time.Second, Logger: etcdtest.QuietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	p, cli := proxied(t, a.ClientURL)
 	f := follow(t, cli, "")
 	waitFor(t, 5*time.Second, "the snapshot", func() bool { return f.c.Len() == 30 })
 	p.Cut()
