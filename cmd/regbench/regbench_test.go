@@ -70,6 +70,13 @@ var fields = map[string][]field{
 		{"ratio/round_robin/N=2/ns_per_op", true},
 	},
 	"flood": floodFields(floodPeer, floodToken),
+	"register": {
+		{"ours/c=4/per_sec", true}, {"baseline/etcd_grant_put/c=4/per_sec", true},
+		{"baseline/etcd_grant_only/c=4/per_sec", true},
+		{"ours/c=4/process_cpu_us_per_op", true}, {"baseline/etcd_grant_put/c=4/process_cpu_us_per_op", true},
+		{"baseline/etcd_grant_only/c=4/process_cpu_us_per_op", true},
+		{"ratio/etcd_grant_put/c=4/per_sec", true},
+	},
 	"scale": {
 		{"ours/N=300,S=30/rss_per_instance_kib", false}, {"baseline/etcd/N=300,S=30/rss_per_instance_kib", false},
 		{"ours/N=300,S=30/cold_start_serving_ms", true}, {"ours/N=300,S=30/cold_start_full_snapshot_ms", true},

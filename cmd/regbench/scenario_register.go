@@ -33,7 +33,7 @@ func runRegister(ctx context.Context, e *env) (*Result, error) {
 	// raft proposal each), and the slower side's rounds take more of them.
 	const ttl = 3600
 	r.param("lease_ttl_s", ttl)
-	const base = "etcd_grant_put"
+	const base, grantOnly = "etcd_grant_put", "etcd_grant_only"
 
 	e.progress.set("starting etcd (fsync on) and a regnode")
 	etcd, err := startEtcd(ctx, e, true)
@@ -83,6 +83,11 @@ func runRegister(ctx context.Context, e *env) (*Result, error) {
 		return err
 	}
 
+	grant := func(ctx context.Context) error {
+		_, err := raw.Grant(ctx, ttl)
+		return err
+	}
+
 	for _, conc := range cfg.regConc {
 		cs := fmt.Sprintf("c=%d", conc)
 		ops := cfg.regOpsN
@@ -99,56 +104,63 @@ func runRegister(ctx context.Context, e *env) (*Result, error) {
 		if _, _, err := runN(ctx, min(64, per), conc, direct, nil); err != nil {
 			return r, fmt.Errorf("raw: %w", err)
 		}
-		var (
-			oursT, rawT     time.Duration
-			oursL, rawL     []time.Duration
-			oursPS, rawPS   []float64
-			done            atomic.Int64
-			total           = int64(per * rounds * 2)
-			progressPrinter = func() { e.progress.set("%s %d/%d registrations", cs, done.Load(), total) }
-		)
+		// Three sides take turns each round, in a rotating order so noise
+		// hits all: ours, raw Grant+Put, and Grant alone. The last is the
+		// floor of any registration that gives each instance its own lease:
+		// it bounds ours/raw from above on a machine the run keeps busy.
+		type side struct {
+			name string
+			f    func(context.Context) error
+			t    time.Duration
+			cpu  time.Duration
+			lats []time.Duration
+			perS []float64
+		}
+		sides := []*side{{name: "ours", f: ours}, {name: base, f: direct}, {name: grantOnly, f: grant}}
+		var done atomic.Int64
+		total := int64(per * rounds * len(sides))
 		for round := range rounds {
-			// Alternate which side goes first.
-			sides := []bool{true, false}
-			if round%2 == 1 {
-				sides = []bool{false, true}
-			}
-			for _, isOurs := range sides {
-				f := direct
-				if isOurs {
-					f = ours
-				}
-				d, lats, err := runN(ctx, per, conc, f, func() {
+			for i := range sides {
+				sd := sides[(round+i)%len(sides)]
+				cpu0 := cpuTime()
+				d, lats, err := runN(ctx, per, conc, sd.f, func() {
 					if done.Add(1)%50 == 0 {
-						progressPrinter()
+						e.progress.set("%s %d/%d registrations", cs, done.Load(), total)
 					}
 				})
 				if err != nil {
-					return r, err
+					return r, fmt.Errorf("%s: %w", sd.name, err)
 				}
-				if isOurs {
-					oursT += d
-					oursL = append(oursL, lats...)
-					oursPS = append(oursPS, float64(per)/d.Seconds())
-				} else {
-					rawT += d
-					rawL = append(rawL, lats...)
-					rawPS = append(rawPS, float64(per)/d.Seconds())
-				}
+				sd.cpu += cpuTime() - cpu0
+				sd.t += d
+				sd.lats = append(sd.lats, lats...)
+				sd.perS = append(sd.perS, float64(per)/d.Seconds())
 			}
 		}
 		tot := float64(per * rounds)
-		o, b := tot/oursT.Seconds(), tot/rawT.Seconds()
-		r.ours(cs, "per_sec", round3(o))
-		r.ours(cs, "latency_ms", summarize(oursL))
-		r.ours(cs, "ops", int(tot))
-		r.base(base, cs, "per_sec", round3(b))
-		r.base(base, cs, "latency_ms", summarize(rawL))
-		r.base(base, cs, "ops", int(tot))
-		r.ours(cs, "round_min_per_sec", round3(minOf(oursPS)))
-		r.base(base, cs, "round_min_per_sec", round3(minOf(rawPS)))
-		r.target(fmt.Sprintf("%s ours/raw registrations per second", cs), ">= 0.80",
-			fmt.Sprintf("%.3f (%.0f/s vs %.0f/s)", o/b, o, b), o/b >= 0.8)
+		for _, sd := range sides {
+			put := func(metric string, v any) {
+				if sd.name == "ours" {
+					r.ours(cs, metric, v)
+				} else {
+					r.base(sd.name, cs, metric, v)
+				}
+			}
+			put("per_sec", round3(tot/sd.t.Seconds()))
+			put("latency_ms", summarize(sd.lats))
+			put("ops", int(tot))
+			// The whole process's CPU (etcd, regnode, the clients) per
+			// operation while that side ran: on a CPU-bound machine, each
+			// side's rate is about the cores it gets / this.
+			put("process_cpu_us_per_op", round3(float64(sd.cpu.Microseconds())/tot))
+			put("round_min_per_sec", round3(minOf(sd.perS)))
+		}
+		o, b, g := tot/sides[0].t.Seconds(), tot/sides[1].t.Seconds(), tot/sides[2].t.Seconds()
+		r.note("%s: the Grant-alone floor runs at %.0f/s, %.2f× raw Grant+Put: no registration that grants each instance its own lease can beat raw by more on this machine", cs, g, g/b)
+		r.target(fmt.Sprintf("%s ours/raw registrations per second", cs), ">= 2 (goal)",
+			fmt.Sprintf("%.3f (%.0f/s vs %.0f/s)", o/b, o, b), o/b >= 2)
+		r.target(fmt.Sprintf("%s ours/raw, no regression", cs), ">= 0.80",
+			fmt.Sprintf("%.3f", o/b), o/b >= 0.8)
 	}
 	r.skipRatio("ops")
 	r.note("ours = registry.v1 Register over the SDK client's gRPC connection (client.New → API()); client.Register adds a lease keeper on top of exactly this call")
