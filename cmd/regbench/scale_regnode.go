@@ -77,7 +77,9 @@ func (p *regnodeProc) tail() string {
 
 // startRegnodeProc execs bin as regnode name on etcdURL with no per-peer
 // limits (every subscriber and writer of the scenario is one loopback
-// peer); dir holds its data directory. It does not wait for it to serve.
+// peer) and its runtime profiles on (--enable-pprof, on loopback: profile
+// a regnode under load with go tool pprof http://METRICS/debug/pprof/profile);
+// dir holds its data directory. It does not wait for it to serve.
 func startRegnodeProc(bin, name, etcdURL, dir string) (*regnodeProc, error) {
 	ap, err1 := freePort()
 	mp, err2 := freePort()
@@ -86,7 +88,7 @@ func startRegnodeProc(bin, name, etcdURL, dir string) (*regnodeProc, error) {
 	}
 	p := &regnodeProc{name: name, api: fmt.Sprintf("127.0.0.1:%d", ap), metrics: fmt.Sprintf("127.0.0.1:%d", mp), done: make(chan struct{})}
 	p.cmd = exec.Command(bin, "--etcd-endpoints", etcdURL, "--name", name, "--listen", p.api, "--metrics-listen", p.metrics,
-		"--data-dir", filepath.Join(dir, name), "--log-level", "warn", "--shutdown-grace", "500ms",
+		"--data-dir", filepath.Join(dir, name), "--log-level", "warn", "--shutdown-grace", "500ms", "--enable-pprof",
 		"--write-rate", "1e9", "--write-burst", "1000000", "--keepalive-rate", "1e9", "--keepalive-burst", "1000000",
 		"--max-streams-per-peer", "100000000", "--max-registrations-per-peer", "100000000", "--max-writes-in-flight-per-peer", "100000")
 	p.cmd.Stderr = procWriter{p}

@@ -152,6 +152,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "prober election session TTL")
 	f.StringVar(&logLevel, "log-level", "info", "debug|info|warn|error")
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "Prometheus /metrics address, or \"off\"")
+	f.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "serve Go's runtime profiles under /debug/pprof/ on --metrics-listen (as etcd's flag)")
 	f.DurationVar(&cfg.ProbeInterval, "probe-interval", cfg.ProbeInterval, "probe interval of instances whose check does not set one")
 	f.DurationVar(&cfg.ProbeTimeout, "probe-timeout", cfg.ProbeTimeout, "probe timeout of instances whose check does not set one")
 	f.IntVar(&cfg.ProbeConcurrency, "probe-concurrency", cfg.ProbeConcurrency, "probes in flight at most")

@@ -35,6 +35,11 @@ type Config struct {
 	// MetricsListen serves /metrics (default 127.0.0.1:7401; "off"
 	// disables it; port 0 picks one).
 	MetricsListen string
+	// EnablePprof serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ on MetricsListen (--enable-pprof, etcd's flag). Off by
+	// default: a profile shows what the process holds to whoever can reach
+	// the port.
+	EnablePprof bool
 	// EtcdEndpoints, if set, makes this regnode a client of that external
 	// etcd cluster; Embed is then ignored.
 	EtcdEndpoints []string

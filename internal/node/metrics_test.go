@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/regnodetest"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -193,5 +194,32 @@ func TestMetricsFollowInstances(t *testing.T) {
 	}
 	for _, p := range problems {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestEnablePprof: runtime profiles are served on the metrics port only
+// when asked for (--enable-pprof): they show what the process holds.
+func TestEnablePprof(t *testing.T) {
+	off := regnodetest.Start(t)
+	on := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{off.ClientURL}, EnablePprof: true}, off.ClientURL)
+	get := func(addr, path string) int {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/profile?seconds=1"} {
+		if code := get(on.Node.MetricsAddr(), path); code != http.StatusOK {
+			t.Errorf("with EnablePprof: GET %s = %d, want 200", path, code)
+		}
+	}
+	if code := get(off.Node.MetricsAddr(), "/debug/pprof/goroutine?debug=1"); code == http.StatusOK {
+		t.Errorf("without EnablePprof: GET /debug/pprof/goroutine = %d, want it not served", code)
+	}
+	if code := get(on.Node.MetricsAddr(), "/metrics"); code != http.StatusOK {
+		t.Errorf("with EnablePprof: GET /metrics = %d", code)
 	}
 }
