@@ -223,7 +223,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.scaleS, "scale-subs", 10000, "scale: subscribers (each its own SDK client of the three regnodes)")
 	fs.IntVar(&c.scaleProcs, "scale-procs", 4, "scale: child processes the subscribers are spread over")
 	fs.IntVar(&c.scaleChanges, "scale-changes", 100, "scale: changes through one regnode (and, baseline, straight into etcd) for propagation")
-	fs.Float64Var(&c.scaleRate, "scale-rate", 10, "scale: changes per second for propagation")
+	fs.Float64Var(&c.scaleRate, "scale-rate", 10, "scale: most changes per second for propagation (each waits for every subscriber to have the one before)")
 	fs.Var(&c.scaleRoll, "scale-roll", "scale: sizes of the services restarted (rolling), each instance deregistered and registered again")
 	fs.IntVar(&c.scaleWave, "scale-wave", 5, "scale: instances restarted at once in a rolling restart")
 	fs.DurationVar(&c.scaleTimeout, "scale-timeout", 40*time.Minute, "scale: hard deadline of the scenario (instead of -timeout)")

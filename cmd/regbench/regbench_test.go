@@ -84,6 +84,8 @@ var fields = map[string][]field{
 		{"ours/N=300,S=30/rss_per_subscriber_kib", false}, {"baseline/etcd/N=300,S=30/rss_per_subscriber_kib", false},
 		{"ours/N=300,S=30/propagation_all_subscribers_ms/n", true}, {"baseline/etcd/N=300,S=30/propagation_all_subscribers_ms/n", true},
 		{"ratio/etcd/N=300,S=30/propagation_all_subscribers_ms/p99", true},
+		{"ours/N=300,S=30/propagation_changes_per_s", true}, {"baseline/etcd/N=300,S=30/propagation_changes_per_s", true},
+		{"ours/roll M=5/call_retries", false},
 		{"ours/roll M=5/bytes_per_event", true}, {"ours/roll M=10/bytes_per_event", true},
 		{"ours/kill rn3/moved_and_converged_ms/n", true},
 	},

@@ -13,6 +13,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/client"
@@ -70,7 +72,7 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 	r.param("subscribers", S)
 	r.param("subscriber_processes", P)
 	r.param("changes", cfg.scaleChanges)
-	r.param("rate_per_s", cfg.scaleRate)
+	r.param("max_rate_per_s", cfg.scaleRate)
 	r.param("roll_sizes", cfg.scaleRoll)
 	r.param("roll_wave", cfg.scaleWave)
 	cs := fmt.Sprintf("N=%d,S=%d", N, S)
@@ -248,7 +250,7 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 				}
 				return commit{resp.Header.Revision, time.Now()}, nil
 			}
-			lat, err := scalePropagate(ctx, e, "etcd watchers", write, func() ([]*observer, error) {
+			lat, rate, err := scalePropagate(ctx, e, "etcd watchers", write, func() ([]*observer, error) {
 				o, err := proc.sightings()
 				return []*observer{o}, err
 			})
@@ -256,6 +258,7 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 				return fmt.Errorf("propagation: %w", err)
 			}
 			r.base("etcd", cs, "propagation_all_subscribers_ms", lat)
+			r.base("etcd", cs, "propagation_changes_per_s", rate)
 			return scaleRollBaseline(ctx, e, r, cli, proc)
 		}()
 		if err != nil {
@@ -341,7 +344,7 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 			secret, lease = resp.GetSecret(), resp.GetLeaseId()
 			return commit{resp.GetRevision(), time.Now()}, nil
 		}
-		res, err := scalePropagate(ctx, e, "ours", write, func() ([]*observer, error) {
+		res, rate, err := scalePropagate(ctx, e, "ours", write, func() ([]*observer, error) {
 			var obs []*observer
 			for _, p := range procs {
 				o, err := p.sightings()
@@ -356,6 +359,7 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 			return r, fmt.Errorf("propagation: %w", err)
 		}
 		r.ours(cs, "propagation_all_subscribers_ms", res)
+		r.ours(cs, "propagation_changes_per_s", rate)
 	}
 
 	// ---- rolling restarts.
@@ -404,14 +408,33 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 			lease, origin int64
 		}
 		regs := make([]reg, M)
+		var retries atomic.Int64
 		register := func(k int) (int64, error) {
 			in := instanceN(service, k)
-			resp, err := nodes[k%3].reg.Register(ctx, &registryv1.RegisterRequest{Instance: in, Ttl: ttl})
+			var rev int64
+			again := false
+			err := retried(ctx, &retries, func() error {
+				if again {
+					// The attempt that timed out may have committed, and
+					// its secret is lost: take the record down as an
+					// operator (this host is loopback) and register anew.
+					if _, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: in.Id}); err != nil {
+						return err
+					}
+				}
+				again = true
+				resp, err := nodes[k%3].reg.Register(ctx, &registryv1.RegisterRequest{Instance: in, Ttl: ttl})
+				if err != nil {
+					return err
+				}
+				regs[k] = reg{in: in, secret: resp.GetSecret(), lease: resp.GetLeaseId()}
+				rev = resp.GetRevision()
+				return nil
+			})
 			if err != nil {
 				return 0, fmt.Errorf("register %s/%s: %w", service, in.Id, err)
 			}
-			regs[k] = reg{in: in, secret: resp.GetSecret(), lease: resp.GetLeaseId()}
-			return resp.GetRevision(), nil
+			return rev, nil
 		}
 		if _, err := inWaves(M, cfg.scaleWave, register); err != nil {
 			return r, err
@@ -425,6 +448,7 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 			return r, err
 		}
 		resets0 := resets()
+		retries0 := retries.Load()
 		e.progress.set("%s: rolling restart, waves of %d", rc, cfg.scaleWave)
 		cpu0 := cpuOf(nodes, procs)
 		var (
@@ -442,9 +466,13 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 		t0 := time.Now()
 		last, err := inWaves(M, cfg.scaleWave, func(k int) (int64, error) {
 			g := regs[k]
-			if _, err := timed(func() (int64, error) {
-				resp, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: g.in.Id, LeaseId: g.lease, Secret: g.secret})
-				return resp.GetRevision(), err
+			if _, err := timed(func() (rev int64, err error) {
+				err = retried(ctx, &retries, func() error {
+					resp, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: g.in.Id, LeaseId: g.lease, Secret: g.secret})
+					rev = resp.GetRevision()
+					return err
+				})
+				return rev, err
 			}); err != nil {
 				return 0, fmt.Errorf("deregister %s/%s: %w", service, g.in.Id, err)
 			}
@@ -481,6 +509,10 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 		r.ours(rc, "roll_ms", ms(rolled))
 		r.ours(rc, "all_delivered_ms", ms(delivered))
 		r.ours(rc, "call_ms", summarize(calls))
+		// Calls a loaded regnode failed with its call timeout (or
+		// Unavailable), and that the roll sent again, as an instance
+		// restarting would.
+		r.ours(rc, "call_retries", retries.Load()-retries0)
 		deliveries := float64(S) * float64(written)
 		r.ours(rc, "cpu_s_etcd", round3((cpu1["etcd"] - cpu0["etcd"]).Seconds()))
 		r.ours(rc, "cpu_s_server", round3((cpu1["server"] - cpu0["server"]).Seconds()))
@@ -606,7 +638,7 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 	r.note("rss_per_instance: VmRSS growth of rn1 and rn2 (median) from an empty registry to %d instances (services of %d, written straight into etcd 128 per txn), each read after 1s idle without forcing a GC in the regnode; etcd: this process's RSS growth over the same writes (after GC)", N, catalogSize)
 	r.note("cold start: exec of rn3 → SERVING health, and → a Subscribe of every service through it (5–20ms retry and reconnect backoff, not grpc's 1s) holding all %d instances; snapshot_after_serving is the second minus the first; etcd_get_decode: a paginated Get (1000 a page, one revision) of the whole prefix, decoding every record", total)
 	r.note("subscribers: %d SDK clients in %d processes, each client.New of all three regnodes, client i listing them from the (i mod 3)-th (its picker puts its Subscribe stream on the first connection ready; with one list for all, most streams landed on one regnode), subscribing to %q (%d instances); rss_per_subscriber: the three regnodes' VmRSS growth / S (each client also holds an idle connection to the two other regnodes); etcd: %d clientv3 clients with one watcher each in one process, this process's RSS growth / S", S, P, scaleWatched, watchedBase, S)
-	r.note("propagation: %d changes at %.0f/s, Register then Deregister of one instance through rn1's API (ours) or Put then Delete of the same records straight into etcd (baseline), from the call's return to the moment the slowest subscriber of every process had the revision (each process polls its subscribers every 1ms)", cfg.scaleChanges, cfg.scaleRate)
+	r.note("propagation: %d changes, Register then Deregister of one instance through rn1's API (ours) or Put then Delete of the same records straight into etcd (baseline), each written once every subscriber has the one before and at most %.0f a second (changes_per_s: what each side reached), from the call's return to the moment the slowest subscriber of every process had the revision (each process polls its subscribers every 1ms)", cfg.scaleChanges, cfg.scaleRate)
 	r.note("rolling restart: every instance of a service of M registered through the three regnodes (raw API, 30min leases) is deregistered and registered again, %d at a time; every subscriber subscribes to the service first; counted over all subscribers from their views' callbacks (changes, instance events, snapshots) and their Subscribe streams' gRPC wire bytes; resets_sent: the regnodes' registry_resets_sent_total over the roll; call_ms: each Deregister and Register call; cpu_s: CPU seconds over the roll until every subscriber had it (/proc/PID/stat, getrusage), of this process (etcd, writer: cpu_s_etcd), the three regnodes (cpu_s_server) and the subscriber processes; *_cpu_us_per_delivery: that over S × changes written. Baseline etcd: the same Deletes and Puts straight into etcd, in the same waves, of records in the service the S raw watchers follow; its server is this process (etcd and the writer)", cfg.scaleWave)
 	r.note("kill: SIGKILL of rn3, then one Register through rn1 at revision R; moved_and_converged: kill → the moment each subscriber whose Subscribe stream was on rn3 has a stream on another regnode (its gRPC OutHeader's remote address) and its view at R or past (polled every 1ms in its process); revision_regressions: callbacks whose revision was below one already seen, over every subscription of the run; streams_by_regnode_before: the regnode each client's Subscribe stream was on just before the kill (subscribers_by_regnode: the regnodes' registry_subscribers gauges right after subscribing)")
 	return r, nil
@@ -721,66 +753,94 @@ func cpuOf(nodes []*regnodeProc, procs []*scaleProc) map[string]time.Duration {
 	return out
 }
 
-// scalePropagate writes cfg.scaleChanges changes at cfg.scaleRate with
-// write(i), then waits until every observer obs() returns reached the
-// last, and returns, per change, commit → the last observer's sighting.
-func scalePropagate(ctx context.Context, e *env, side string, write func(i int) (commit, error), obs func() ([]*observer, error)) (Lat, error) {
+// scalePropagate writes cfg.scaleChanges changes with write(i), each
+// once every observer obs() returns has seen the one before and at most
+// cfg.scaleRate a second, and returns, per change, commit → the last
+// observer's sighting, and the changes written per second.
+//
+// Closed loop, because an open one measures the writer: past what S
+// subscribers can take, latency is the queue that builds, and the queue
+// is set by how fast each side's writes come back (raw etcd's Puts, slowed
+// by the watchers in its own process, wrote half the changes a second our
+// Registers did in one run, so it queued half as much). One change at a
+// time, each side is asked the same: bring this change to everyone.
+func scalePropagate(ctx context.Context, e *env, side string, write func(i int) (commit, error), obs func() ([]*observer, error)) (Lat, float64, error) {
 	cfg := e.cfg
 	tick := time.NewTicker(time.Duration(float64(time.Second) / cfg.scaleRate))
 	defer tick.Stop()
-	var commits []commit
+	var (
+		commits []commit
+		seen    []*observer
+		err     error
+	)
+	allSaw := func(key int64) error {
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if werr := waitFor(wctx, 5*time.Millisecond, func() bool {
+			seen, err = obs()
+			if err != nil {
+				return true
+			}
+			for _, o := range seen {
+				if !o.reached(key) {
+					return false
+				}
+			}
+			return true
+		}); werr != nil {
+			return fmt.Errorf("%s: not every subscriber reached revision %d: %w", side, key, werr)
+		}
+		return err
+	}
+	t0 := time.Now()
 	for i := range cfg.scaleChanges {
 		select {
 		case <-ctx.Done():
-			return Lat{}, ctx.Err()
+			return Lat{}, 0, ctx.Err()
 		case <-tick.C:
 		}
-		var (
-			c   commit
-			err error
-		)
+		var c commit
 		labeled(sideWriter, func() { c, err = write(i) })
 		if err != nil {
-			return Lat{}, err
+			return Lat{}, 0, err
 		}
 		commits = append(commits, c)
 		if i%10 == 0 {
 			e.progress.set("propagation, %s: %d/%d changes", side, i, cfg.scaleChanges)
 		}
-	}
-	last := commits[len(commits)-1].key
-	var seen []*observer
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var err error
-	if werr := waitFor(wctx, 20*time.Millisecond, func() bool {
-		seen, err = obs()
-		if err != nil {
-			return true
+		if err := allSaw(c.key); err != nil {
+			return Lat{}, 0, err
 		}
-		for _, o := range seen {
-			if !o.reached(last) {
-				return false
-			}
-		}
-		return true
-	}); werr != nil {
-		return Lat{}, fmt.Errorf("%s: not every subscriber reached revision %d: %w", side, last, werr)
 	}
-	if err != nil {
-		return Lat{}, err
-	}
+	rate := float64(len(commits)) / time.Since(t0).Seconds()
 	ds := make([]time.Duration, len(commits))
 	for _, o := range seen {
 		per, _, missed := latencies(commits, []*observer{o})
 		if missed > 0 {
-			return Lat{}, fmt.Errorf("%s: %d changes never seen", side, missed)
+			return Lat{}, 0, fmt.Errorf("%s: %d changes never seen", side, missed)
 		}
 		for i, d := range per {
 			ds[i] = max(ds[i], d)
 		}
 	}
-	return summarize(ds), nil
+	return summarize(ds), round3(rate), nil
+}
+
+// retried runs call until it succeeds, fails for a reason other than
+// a regnode too loaded to answer in time (DeadlineExceeded: its call
+// timeout; Unavailable), or has failed five times; retries counts the
+// attempts after the first.
+func retried(ctx context.Context, retries *atomic.Int64, call func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := call()
+		if err == nil || attempt == 5 || ctx.Err() != nil {
+			return err
+		}
+		if c := status.Code(err); c != codes.DeadlineExceeded && c != codes.Unavailable {
+			return err
+		}
+		retries.Add(1)
+	}
 }
 
 // inWaves runs f(0..n-1), wave at a time, and returns the largest

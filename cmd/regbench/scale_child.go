@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,6 +150,23 @@ func runScaleChild(args []string, stdin io.Reader, stdout io.Writer) error {
 	K, err := strconv.Atoi(args[2])
 	if err != nil || K < 1 {
 		return fmt.Errorf("K: %q", args[2])
+	}
+	// REGBENCH_CHILD_CPUPROFILE=PREFIX profiles each child's whole run
+	// into PREFIX.PID (the subscribers' side, which -cpuprofile of the
+	// parent does not see).
+	if prefix := os.Getenv("REGBENCH_CHILD_CPUPROFILE"); prefix != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", prefix, os.Getpid()))
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
