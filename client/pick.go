@@ -61,6 +61,10 @@ type regnodeBalancer struct {
 	lastErr error
 	closed  bool
 	timer   *time.Timer // armed while nothing is ready and a regnode connects
+	// racing: the connect delay passed with nothing ready and another
+	// regnode was connected beside the first; the first of them ready
+	// wins, and the others, still connecting, are let go.
+	racing bool
 }
 
 // regnodeConn is one regnode's SubConn. wanted: the balancer keeps it
@@ -69,6 +73,7 @@ type regnodeBalancer struct {
 // another regnode does not wait for it).
 type regnodeConn struct {
 	addr   string
+	ra     resolver.Address // as the resolver gave it
 	sc     balancer.SubConn
 	state  connectivity.State
 	wanted bool
@@ -94,7 +99,7 @@ func (b *regnodeBalancer) UpdateClientConnState(s balancer.ClientConnState) erro
 		if _, ok := b.scs[a.Addr]; ok {
 			continue
 		}
-		rc := &regnodeConn{addr: a.Addr, state: connectivity.Idle}
+		rc := &regnodeConn{addr: a.Addr, ra: a, state: connectivity.Idle}
 		sc, err := b.cc.NewSubConn([]resolver.Address{a}, balancer.NewSubConnOptions{
 			StateListener: func(st balancer.SubConnState) { b.changed(rc, st) }})
 		if err != nil {
@@ -163,6 +168,10 @@ func (b *regnodeBalancer) changed(rc *regnodeConn, st balancer.SubConnState) {
 	switch rc.state {
 	case connectivity.Ready:
 		rc.failed = false
+		if b.racing {
+			b.racing = false
+			b.dropRacers(rc)
+		}
 	case connectivity.Idle:
 		switch {
 		case !rc.wanted:
@@ -213,7 +222,31 @@ func (b *regnodeBalancer) waited() {
 		}
 	}
 	if b.wantNext(false) {
+		b.racing = true
 		b.publish()
+	}
+}
+
+// dropRacers lets go of the regnodes connecting beside won, the first
+// ready of a race: each is shut down (no call or stream is on it yet)
+// and replaced by a fresh SubConn that is not connected, so that a
+// Client that raced under a slow start does not keep two connections
+// for good (regbench scale: 10,000 Clients starting at once raced, and
+// each regnode held twice the connections and memory). b.mu is held.
+func (b *regnodeBalancer) dropRacers(won *regnodeConn) {
+	for addr, rc := range b.scs {
+		if rc == won || !rc.wanted || rc.state == connectivity.Ready {
+			continue
+		}
+		fresh := &regnodeConn{addr: addr, ra: rc.ra, state: connectivity.Idle, failed: rc.failed}
+		sc, err := b.cc.NewSubConn([]resolver.Address{rc.ra}, balancer.NewSubConnOptions{
+			StateListener: func(st balancer.SubConnState) { b.changed(fresh, st) }})
+		if err != nil {
+			continue // keep the racer: a connection too many beats none
+		}
+		rc.sc.Shutdown()
+		fresh.sc = sc
+		b.scs[addr] = fresh
 	}
 }
 

@@ -524,18 +524,26 @@ func TestSubscriptionsOfOneServiceShareOneView(t *testing.T) {
 type forwarder struct {
 	ln       net.Listener
 	accepted atomic.Int64
-	mu       sync.Mutex
-	conns    []net.Conn
-	wg       sync.WaitGroup
+	open     atomic.Int64 // client connections not yet closed
+	// hold, if set, keeps the regnode's bytes from the client until it
+	// is closed: the client's connection stays connecting.
+	hold  chan struct{}
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
 }
 
 func forward(t *testing.T, addr string) *forwarder {
+	return forwardHeld(t, addr, nil)
+}
+
+func forwardHeld(t *testing.T, addr string, hold chan struct{}) *forwarder {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &forwarder{ln: ln}
+	f := &forwarder{ln: ln, hold: hold}
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -545,17 +553,26 @@ func forward(t *testing.T, addr string) *forwarder {
 				return
 			}
 			f.accepted.Add(1)
+			f.open.Add(1)
 			up, err := net.Dial("tcp", addr)
 			if err != nil {
 				c.Close()
+				f.open.Add(-1)
 				continue
 			}
 			f.mu.Lock()
 			f.conns = append(f.conns, c, up)
 			f.mu.Unlock()
 			f.wg.Add(2)
-			go func() { defer f.wg.Done(); io.Copy(up, c); up.Close() }()
-			go func() { defer f.wg.Done(); io.Copy(c, up); c.Close() }()
+			go func() { defer f.wg.Done(); io.Copy(up, c); up.Close(); f.open.Add(-1) }()
+			go func() {
+				defer f.wg.Done()
+				if f.hold != nil {
+					<-f.hold
+				}
+				io.Copy(c, up)
+				c.Close()
+			}()
 		}
 	}()
 	t.Cleanup(f.close)
@@ -570,6 +587,37 @@ func (f *forwarder) close() {
 	}
 	f.mu.Unlock()
 	f.wg.Wait()
+}
+
+// A Client whose first regnode is slow to answer connects another after
+// ConnectDelay; once one is ready, the other, still connecting, is let
+// go: the Client ends with one connection, not two for good. Ten Clients,
+// each trying the two regnodes in its own random order, so that some try
+// the slow one first.
+func TestRaceLeavesOneConnection(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	direct := m.Client(t)
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}}, m.ClientURL)
+	hold := make(chan struct{})
+	slow, fast := forwardHeld(t, rn.Addr, hold), forward(t, rn.Addr)
+	churn(t, direct, "orders", 5, 1)
+	for range 10 {
+		c := newClient(t, slow.ln.Addr().String(), fast.ln.Addr().String())
+		sub, err := c.Subscribe(context.Background(), "orders", client.SubscribeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(sub.Close)
+		waitFor(t, time.Minute, "a view through the fast regnode", func() bool { return equalsEtcd(t, direct, sub, "orders") })
+	}
+	if slow.accepted.Load() == 0 {
+		t.Skip("no Client tried the slow regnode first (1 in 1,024)")
+	}
+	close(hold) // the slow regnode answers now: a racer kept would turn ready
+	waitFor(t, time.Minute, "no connection left to the slow regnode", func() bool { return slow.open.Load() == 0 })
+	if n := fast.open.Load(); n != 10 {
+		t.Fatalf("%d connections to the fast regnode, want one per Client (10)", n)
+	}
 }
 
 // A Client of three regnodes connects to one of them, not to all three:
