@@ -76,6 +76,7 @@ var fields = map[string][]field{
 		{"ours/c=4/process_cpu_us_per_op", true}, {"baseline/etcd_grant_put/c=4/process_cpu_us_per_op", true},
 		{"baseline/etcd_grant_only/c=4/process_cpu_us_per_op", true},
 		{"ratio/etcd_grant_put/c=4/per_sec", true},
+		{"baseline/etcd_put_in_txn_of_64/c=4/process_cpu_us_per_op", true}, {"ours/c=4/ceiling_vs_raw", true},
 	},
 	"scale": {
 		{"ours/N=300,S=30/rss_per_instance_kib", false}, {"baseline/etcd/N=300,S=30/rss_per_instance_kib", false},

@@ -418,7 +418,8 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 					// The attempt that timed out may have committed, and
 					// its secret is lost: take the record down as an
 					// operator (this host is loopback) and register anew.
-					if _, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: in.Id}); err != nil {
+					_, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: in.Id})
+					if err != nil && status.Code(err) != codes.NotFound { // NotFound: it had not
 						return err
 					}
 				}
@@ -467,8 +468,13 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 		last, err := inWaves(M, cfg.scaleWave, func(k int) (int64, error) {
 			g := regs[k]
 			if _, err := timed(func() (rev int64, err error) {
+				again := false
 				err = retried(ctx, &retries, func() error {
 					resp, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: g.in.Id, LeaseId: g.lease, Secret: g.secret})
+					if again && status.Code(err) == codes.NotFound {
+						return nil // the attempt that timed out had deleted it
+					}
+					again = true
 					rev = resp.GetRevision()
 					return err
 				})
