@@ -412,9 +412,8 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 		register := func(k int) (int64, error) {
 			in := instanceN(service, k)
 			var rev int64
-			again := false
-			err := retried(ctx, &retries, func() error {
-				if again {
+			err := retried(ctx, &retries, func(retry bool) error {
+				if retry {
 					// The attempt that timed out may have committed, and
 					// its secret is lost: take the record down as an
 					// operator (this host is loopback) and register anew.
@@ -423,7 +422,6 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 						return err
 					}
 				}
-				again = true
 				resp, err := nodes[k%3].reg.Register(ctx, &registryv1.RegisterRequest{Instance: in, Ttl: ttl})
 				if err != nil {
 					return err
@@ -468,13 +466,11 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 		last, err := inWaves(M, cfg.scaleWave, func(k int) (int64, error) {
 			g := regs[k]
 			if _, err := timed(func() (rev int64, err error) {
-				again := false
-				err = retried(ctx, &retries, func() error {
+				err = retried(ctx, &retries, func(retry bool) error {
 					resp, err := nodes[k%3].reg.Deregister(ctx, &registryv1.DeregisterRequest{Service: service, Id: g.in.Id, LeaseId: g.lease, Secret: g.secret})
-					if again && status.Code(err) == codes.NotFound {
+					if retry && status.Code(err) == codes.NotFound {
 						return nil // the attempt that timed out had deleted it
 					}
-					again = true
 					rev = resp.GetRevision()
 					return err
 				})
@@ -835,10 +831,10 @@ func scalePropagate(ctx context.Context, e *env, side string, write func(i int) 
 // retried runs call until it succeeds, fails for a reason other than
 // a regnode too loaded to answer in time (DeadlineExceeded: its call
 // timeout; Unavailable), or has failed five times; retries counts the
-// attempts after the first.
-func retried(ctx context.Context, retries *atomic.Int64, call func() error) error {
+// attempts after the first, and call is told whether it is one.
+func retried(ctx context.Context, retries *atomic.Int64, call func(retry bool) error) error {
 	for attempt := 1; ; attempt++ {
-		err := call()
+		err := call(attempt > 1)
 		if err == nil || attempt == 5 || ctx.Err() != nil {
 			return err
 		}
