@@ -128,14 +128,16 @@ func (fx *writerFixture) healthHistory(id string) []string {
 	return nil
 }
 
-// awaitBusy waits until a write of id is in flight.
+// awaitBusy waits until the latest transition submitted for id is in
+// flight: a write is out and nothing waits behind it. (The write before it
+// reports landing before its slot is free, so busy alone may be that one.)
 func (fx *writerFixture) awaitBusy(id string) {
 	fx.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		fx.w.mu.Lock()
 		s := fx.w.slots[cache.Key{Service: "orders", ID: id}]
-		busy := s != nil && s.busy
+		busy := s != nil && s.busy && s.pending == nil
 		fx.w.mu.Unlock()
 		if busy {
 			return
