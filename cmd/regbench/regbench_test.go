@@ -87,6 +87,10 @@ var fields = map[string][]field{
 		{"ratio/etcd/N=300,S=30/propagation_all_subscribers_ms/p99", true},
 		{"ours/N=300,S=30/propagation_changes_per_s", true}, {"baseline/etcd/N=300,S=30/propagation_changes_per_s", true},
 		{"ours/roll M=5/call_retries", false},
+		// Negative if the streams the children count fell short of one per
+		// subscriber.
+		{"ours/N=300,S=30/subscribe_all_stream_resumes", false}, {"ours/N=300,S=30/propagation_stream_resumes", false},
+		{"ours/roll M=5/stream_resumes", false},
 		{"ours/roll M=5/bytes_per_event", true}, {"ours/roll M=10/bytes_per_event", true},
 		{"ours/kill rn3/moved_and_converged_ms/n", true},
 	},

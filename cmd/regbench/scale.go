@@ -315,7 +315,25 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 	for _, p := range nodes {
 		spread = append(spread, fmt.Sprintf("%s=%.0f", p.name, p.metric(ctx, "registry_subscribers")))
 	}
+	// streams is the number of Subscribe streams the subscribers have
+	// opened: one each, and one more for every resume (a stream that
+	// broke, or whose regnode went quiet past the receive deadline).
+	streams := func() (n int64, err error) {
+		for _, p := range procs {
+			v, err := p.ints("streams")
+			if err != nil {
+				return 0, err
+			}
+			n += v[0]
+		}
+		return n, nil
+	}
+	streams0, err := streams()
+	if err != nil {
+		return r, err
+	}
 	r.ours(cs, "subscribe_all_ms", ms(subscribeAll))
+	r.ours(cs, "subscribe_all_stream_resumes", streams0-int64(S))
 	r.ours(cs, "rss_per_subscriber_kib", kib(float64(grow)/float64(S)))
 	r.ours(cs, "client_rss_per_subscriber_kib", kib(float64(childGrow)/float64(S)))
 	r.ours(cs, "subscribers_by_regnode", strings.Join(spread, " "))
@@ -358,8 +376,13 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 		if err != nil {
 			return r, fmt.Errorf("propagation: %w", err)
 		}
+		streams1, err := streams()
+		if err != nil {
+			return r, err
+		}
 		r.ours(cs, "propagation_all_subscribers_ms", res)
 		r.ours(cs, "propagation_changes_per_s", rate)
+		r.ours(cs, "propagation_stream_resumes", streams1-streams0)
 	}
 
 	// ---- rolling restarts.
@@ -448,6 +471,10 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 		}
 		resets0 := resets()
 		retries0 := retries.Load()
+		streamsRoll0, err := streams()
+		if err != nil {
+			return r, err
+		}
 		e.progress.set("%s: rolling restart, waves of %d", rc, cfg.scaleWave)
 		cpu0 := cpuOf(nodes, procs)
 		var (
@@ -508,6 +535,11 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 		r.ours(rc, "bytes_per_subscriber_per_change", round3(float64(bytes)/float64(S)/float64(written)))
 		r.ours(rc, "snapshots_received", snaps)
 		r.ours(rc, "resets_sent", int64(resets()-resets0))
+		streamsRoll1, err := streams()
+		if err != nil {
+			return r, err
+		}
+		r.ours(rc, "stream_resumes", streamsRoll1-streamsRoll0)
 		r.ours(rc, "roll_ms", ms(rolled))
 		r.ours(rc, "all_delivered_ms", ms(delivered))
 		r.ours(rc, "call_ms", summarize(calls))
@@ -831,7 +863,9 @@ func scalePropagate(ctx context.Context, e *env, side string, write func(i int) 
 // retried runs call until it succeeds, fails for a reason other than
 // a regnode too loaded to answer in time (DeadlineExceeded: its call
 // timeout; Unavailable), or has failed five times; retries counts the
-// attempts after the first, and call is told whether it is one.
+// attempts after the first, and call is told whether it is one. Attempts
+// are 250ms, 500ms, 1s and 2s apart, as a restarting instance's SDK
+// backs off: sent again at once, a retry finds the same overload.
 func retried(ctx context.Context, retries *atomic.Int64, call func(retry bool) error) error {
 	for attempt := 1; ; attempt++ {
 		err := call(attempt > 1)
@@ -842,6 +876,9 @@ func retried(ctx context.Context, retries *atomic.Int64, call func(retry bool) e
 			return err
 		}
 		retries.Add(1)
+		if sleep(ctx, 250*time.Millisecond<<(attempt-1)); ctx.Err() != nil {
+			return err
+		}
 	}
 }
 

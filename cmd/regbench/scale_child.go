@@ -33,6 +33,7 @@ import (
 //	sightings           → sightings K:UNIXNANO ... (the slowest client's revision of SERVICE, when it moved)
 //	sub SVC / unsub SVC → every client (un)subscribes SVC; sub answers once all are ready
 //	stats SVC           → stats CHANGES EVENTS SNAPSHOTS BYTES REGRESSIONS MINREV (over every client)
+//	streams             → streams N: Subscribe streams the clients opened (each client's first, and every resume)
 //	where               → where ADDR=N ... (clients by the regnode their Subscribe stream is on)
 //	mark ADDR           → mark N: the clients on ADDR now are followed until moved
 //	target REV          → target: a marked client is moved once its stream is elsewhere and its view of SERVICE is at REV or past
@@ -66,10 +67,11 @@ func (st *subStat) onChange(ch client.Change) {
 // streamTap is a client's gRPC stats handler: the regnode its current
 // Subscribe stream is on, and the bytes every Subscribe stream brought.
 type streamTap struct {
-	bytes atomic.Int64
-	mu    sync.Mutex
-	cur   *int // the current stream's tag
-	at    string
+	bytes   atomic.Int64
+	streams atomic.Int64 // Subscribe streams opened: past the first, resumes
+	mu      sync.Mutex
+	cur     *int // the current stream's tag
+	at      string
 }
 
 type tapKey struct{}
@@ -88,6 +90,7 @@ func (t *streamTap) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	}
 	switch x := s.(type) {
 	case *stats.OutHeader:
+		t.streams.Add(1)
 		if x.RemoteAddr != nil {
 			t.mu.Lock()
 			t.cur, t.at = tag, x.RemoteAddr.String()
@@ -287,6 +290,12 @@ func runScaleChild(args []string, stdin io.Reader, stdout io.Writer) error {
 			}
 			ch.mu.Unlock()
 			fmt.Fprintf(&b, " %d %d %d %d %d %d", changes, events, snaps, bytes, regress, minRev)
+		case f[0] == "streams":
+			var n int64
+			for _, c := range ch.clients {
+				n += c.tap.streams.Load()
+			}
+			fmt.Fprintf(&b, " %d", n)
 		case f[0] == "where":
 			by := map[string]int{}
 			for _, c := range ch.clients {

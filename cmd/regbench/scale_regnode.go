@@ -45,7 +45,8 @@ type regnodeProc struct {
 	name, api, metrics string
 	cmd                *exec.Cmd
 	startedAt          time.Time
-	cc                 *grpc.ClientConn
+	cc                 *grpc.ClientConn // health checks while it starts (fastReconnect)
+	calls              *grpc.ClientConn // the scenario's calls
 	reg                registryv1.RegistryClient
 
 	killed atomic.Bool // by kill, not by itself
@@ -102,7 +103,20 @@ func startRegnodeProc(bin, name, etcdURL, dir string) (*regnodeProc, error) {
 		p.kill()
 		return nil, err
 	}
-	p.cc, p.reg = cc, registryv1.NewRegistryClient(cc)
+	p.cc = cc
+	// The calls have grpc's own connect timeout (20s), not fastReconnect's
+	// 1s, and wait for the connection to be ready instead of failing fast:
+	// a regnode serving 4,000 subscribers on a saturated machine may take
+	// more than a second to answer a new connection's handshake, and the
+	// calls would fail Unavailable on the dial, five attempts in a row,
+	// before the regnode had said anything (a full run ended so).
+	calls, err := grpc.NewClient(p.api, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	if err != nil {
+		p.kill()
+		return nil, err
+	}
+	p.calls, p.reg = calls, registryv1.NewRegistryClient(calls)
 	return p, nil
 }
 
@@ -223,5 +237,8 @@ func (p *regnodeProc) kill() {
 	}
 	if p.cc != nil {
 		p.cc.Close()
+	}
+	if p.calls != nil {
+		p.calls.Close()
 	}
 }
