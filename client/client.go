@@ -148,6 +148,18 @@ type Client struct {
 // sooner.
 var clientKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}
 
+// regnodeWindow is the HTTP/2 flow-control window, stream and connection,
+// of a Client's connection to a regnode: static, so grpc-go estimates no
+// bandwidth-delay product on it. Its estimator answers the first DATA
+// frame after each of its pings is acknowledged with a window update and
+// a new PING. On a subscription stream, whose messages are small and
+// apart (an event, a progress message each second), that is every
+// message: three more frames and a write and a read more on each side,
+// which at 10,000 subscribers cost the regnodes more than the messages
+// themselves. 4 MiB is the most one message holds (chunk.RecvLimit), so a
+// snapshot's 1 MiB chunks still flow four at a time without a wait.
+const regnodeWindow = chunk.RecvLimit
+
 var schemeSeq atomic.Int64
 
 // New returns a Client of cfg.Endpoints. It does not wait for a regnode to
@@ -199,6 +211,8 @@ func New(cfg Config) (*Client, error) {
 		grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"` + regnodePolicy + `":{}}]}`),
 		grpc.WithKeepaliveParams(clientKeepalive),
+		grpc.WithStaticStreamWindowSize(regnodeWindow),
+		grpc.WithStaticConnWindowSize(regnodeWindow),
 		// Every regnode message is at most chunk.MaxBytes (watch chunks,
 		// list pages); RecvLimit leaves room for a regnode that frames
 		// differently.
