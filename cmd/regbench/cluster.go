@@ -50,6 +50,21 @@ func quiet(verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// childLog is the logger of a child process's SDK clients: none, or with
+// REGBENCH_CHILD_LOG=PREFIX, every record (debug included) of each child
+// in the file PREFIX.PID, to see why streams end under load.
+func childLog() *slog.Logger {
+	prefix := os.Getenv("REGBENCH_CHILD_LOG")
+	if prefix == "" {
+		return quiet(false)
+	}
+	f, err := os.Create(fmt.Sprintf("%s.%d", prefix, os.Getpid()))
+	if err != nil {
+		return quiet(false)
+	}
+	return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
 // freePort returns a loopback port that was free a moment ago.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -173,7 +173,7 @@ func runScaleChild(args []string, stdin io.Reader, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e := &env{log: quiet(false)}
+	e := &env{log: childLog()}
 	defer e.close()
 	ch := &scaleChild{service: service}
 	e.onClose(func() {
