@@ -138,6 +138,8 @@ type Client struct {
 
 	closeTimeout time.Duration // Config.CloseTimeout
 	own          owned         // what Close stops (own.go)
+
+	conns connTable // the raw sockets of the regnode connections (unread.go)
 }
 
 // clientKeepalive pings a regnode connection that has been quiet for 10s
@@ -198,6 +200,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.TLS != nil {
 		creds = credentials.NewTLS(cfg.TLS.Clone())
 	}
+	creds = trackingCreds{TransportCredentials: creds, t: &c.conns}
 	// A resolver of our own fixed list: grpc-go has none built in for
 	// several static addresses, and manual.Resolver is its supported one.
 	r := manual.NewBuilderWithScheme(fmt.Sprintf("regnodes-%d", schemeSeq.Add(1)))

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -42,28 +43,73 @@ func (e *stallError) Unwrap() error { return ErrStalled }
 // message. It runs only while the stream waits in Recv: the time spent
 // applying a unit is the subscriber's, not the regnode's (and never
 // includes a callback's: those run on their own goroutine, deliver.go).
+// When it passes while bytes from the regnode wait unread in the socket
+// (unread, see unread.go), the process is late, not the regnode: it looks
+// again every recheck instead of calling a stall. (Were those bytes never
+// read, gRPC keepalive would still end the connection.)
 type receiveDeadline struct {
-	d     time.Duration
-	t     *time.Timer
-	fired atomic.Bool
+	d      time.Duration
+	unread func() bool // nil: unknown
+	cancel context.CancelFunc
+	t      *time.Timer
+	fired  atomic.Bool
+
+	mu      sync.Mutex
+	armed   bool
+	armedAt time.Time
 }
 
-// newDeadline returns a disarmed deadline that calls cancel when it passes.
-func newDeadline(d time.Duration, cancel context.CancelFunc) *receiveDeadline {
-	rd := &receiveDeadline{d: d}
-	rd.t = time.AfterFunc(time.Hour, func() {
-		rd.fired.Store(true)
-		cancel()
-	})
+// recheck is how soon a deadline put off by unread bytes looks again.
+const recheck = 100 * time.Millisecond
+
+// newDeadline returns a disarmed deadline that calls cancel when it
+// passes; unread (nil: unknown) says whether the regnode's bytes wait
+// unread.
+func newDeadline(d time.Duration, cancel context.CancelFunc, unread func() bool) *receiveDeadline {
+	rd := &receiveDeadline{d: d, unread: unread, cancel: cancel}
+	rd.t = time.AfterFunc(time.Hour, rd.expire)
 	rd.t.Stop()
 	return rd
 }
 
+func (rd *receiveDeadline) expire() {
+	rd.mu.Lock()
+	if !rd.armed {
+		rd.mu.Unlock()
+		return
+	}
+	if left := rd.d - time.Since(rd.armedAt); left > 0 {
+		// Disarmed and armed again while this firing waited for the lock.
+		rd.t.Reset(left)
+		rd.mu.Unlock()
+		return
+	}
+	if rd.unread != nil && rd.unread() {
+		rd.t.Reset(recheck)
+		rd.mu.Unlock()
+		return
+	}
+	rd.armed = false
+	rd.fired.Store(true)
+	rd.mu.Unlock()
+	rd.cancel()
+}
+
 // arm starts the wait for the next message.
-func (rd *receiveDeadline) arm() { rd.t.Reset(rd.d) }
+func (rd *receiveDeadline) arm() {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	rd.armed, rd.armedAt = true, time.Now()
+	rd.t.Reset(rd.d)
+}
 
 // disarm ends it: a message (or an error) came.
-func (rd *receiveDeadline) disarm() { rd.t.Stop() }
+func (rd *receiveDeadline) disarm() {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	rd.armed = false
+	rd.t.Stop()
+}
 
 // err is the stall error if the deadline ended the stream, else nil.
 func (rd *receiveDeadline) err(peer string) error {

@@ -458,7 +458,7 @@ func (m *mux) stream(ctx context.Context) (progressed bool, err error) {
 		m.mu.Unlock()
 	}()
 	m.addAll(mc)
-	deadline := newDeadline(deadlineD, cancel)
+	deadline := newDeadline(deadlineD, cancel, m.c.conns.unreadOf(st.Context()))
 	defer deadline.disarm()
 	gotSome := false
 	for {

@@ -457,7 +457,7 @@ func (s *Subscription) stream(ctx context.Context) error {
 		return err
 	}
 	at := note.Picked()
-	deadline := newDeadline(s.opts.ReceiveDeadline, cancel)
+	deadline := newDeadline(s.opts.ReceiveDeadline, cancel, s.c.conns.unreadOf(ws.Context()))
 	defer deadline.disarm()
 	var (
 		units   chunk.Joiner // joins chunks: a unit is applied whole
