@@ -52,10 +52,17 @@ type requestCodec struct {
 func (c requestCodec) Name() string { return protoenc.Name }
 
 func (c requestCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if e, ok := v.(Encoded); ok {
+	switch e := v.(type) {
+	case Encoded:
 		// A SliceBuffer's Free does nothing, so grpc-go freeing it after
 		// the write leaves the bytes to every other stream sending them.
 		return mem.BufferSlice{mem.SliceBuffer(e)}, nil
+	case EncodedParts:
+		bs := make(mem.BufferSlice, len(e))
+		for i, p := range e {
+			bs[i] = mem.SliceBuffer(p)
+		}
+		return bs, nil
 	}
 	return c.base.Marshal(v)
 }
@@ -70,6 +77,14 @@ func (c requestCodec) Marshal(v any) (mem.BufferSlice, error) {
 // A compressor, if the client asked for one, compresses them per stream
 // as usual.
 type Encoded []byte
+
+// EncodedParts is a message in its wire form as parts written one after
+// another, none of them copied: a few bytes of this stream's own (a
+// field's tag and length) around bytes shared by every stream (a chunk of
+// fanout.Unit.Chunks), so that wrapping a shared chunk costs each stream
+// its few bytes, not a copy of the chunk. The same rules as Encoded hold
+// for every part.
+type EncodedParts [][]byte
 
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.base.Unmarshal(data, v)

@@ -80,3 +80,24 @@ func TestCodecSendsEncodedAsIs(t *testing.T) {
 		t.Fatalf("a message marshalled to % x (%v), want % x", plain.Materialize(), err, want)
 	}
 }
+
+// EncodedParts go out as their own bytes too, one buffer a part, in
+// order: the stream's few bytes and the shared chunk, neither copied.
+func TestCodecSendsEncodedPartsAsIs(t *testing.T) {
+	c := requestCodec{base: encoding.GetCodecV2(protoenc.Name)}
+	head, shared := []byte{0x0a, 0x01, 'a'}, []byte{0x12, 0x02, 0x08, 0x07}
+	got, err := c.Marshal(EncodedParts{head, shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || &got[0].ReadOnlyData()[0] != &head[0] || &got[1].ReadOnlyData()[0] != &shared[0] {
+		t.Fatalf("EncodedParts marshalled to %d buffers, not the two parts given", len(got))
+	}
+	if want := append(append([]byte{}, head...), shared...); !bytes.Equal(got.Materialize(), want) {
+		t.Fatalf("the message is % x, want % x", got.Materialize(), want)
+	}
+	got.Free()
+	if shared[0] != 0x12 {
+		t.Fatal("freeing the sent message changed the shared bytes")
+	}
+}

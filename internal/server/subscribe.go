@@ -52,7 +52,7 @@ type muxStream struct {
 
 	sendMu  sync.Mutex
 	send    func(*registryv1.SubscribeResponse) error
-	sendRaw func(Encoded) error // bytes of a SubscribeResponse, sent as they are
+	sendRaw func(EncodedParts) error // the parts of a SubscribeResponse, sent as they are
 
 	asks *asker // AckRequests (ackask.go)
 }
@@ -79,7 +79,7 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 		return err
 	}
 	ms := &muxStream{peer: peerAddr(ctx), send: stream.Send,
-		sendRaw: func(b Encoded) error { return stream.SendMsg(b) }}
+		sendRaw: func(b EncodedParts) error { return stream.SendMsg(b) }}
 	ms.asks = newAsker(ms, s.m.AckRequests.Inc)
 	followers := map[string]*follower{}
 	defer func() {
@@ -213,8 +213,9 @@ func (s *Server) subscribeStatus(err error, from int64, ep string) error {
 // sendUnit sends the unit's chunks, encoded once by the hub for every
 // subscriber (fanout.Unit.Chunks), each wrapped as the unit field of a
 // SubscribeResponse by hand: the service's tag and the chunk's length
-// prefix around the chunk's own bytes, which are not decoded or encoded
-// again.
+// prefix, this stream's own few bytes, go out before the chunk's shared
+// bytes, which are neither decoded, encoded again nor copied
+// (EncodedParts).
 func (ms *muxStream) sendUnit(service string, u *fanout.Unit) error {
 	chunks, err := u.Chunks()
 	if err != nil {
@@ -224,10 +225,10 @@ func (ms *muxStream) sendUnit(service string, u *fanout.Unit) error {
 	ms.sendMu.Lock()
 	defer ms.sendMu.Unlock()
 	for _, c := range chunks {
-		b := make([]byte, 0, len(head)+protowire.SizeTag(subscribeResponseUnit)+protowire.SizeBytes(len(c)))
+		b := make([]byte, 0, len(head)+protowire.SizeTag(subscribeResponseUnit)+protowire.SizeVarint(uint64(len(c))))
 		b = append(b, head...)
-		b = protowire.AppendBytes(protowire.AppendTag(b, subscribeResponseUnit, protowire.BytesType), c)
-		if err := ms.sendRaw(Encoded(b)); err != nil {
+		b = protowire.AppendVarint(protowire.AppendTag(b, subscribeResponseUnit, protowire.BytesType), uint64(len(c)))
+		if err := ms.sendRaw(EncodedParts{b, c}); err != nil {
 			return err
 		}
 	}
