@@ -200,7 +200,9 @@ func New(cfg Config) (*Client, error) {
 	if cfg.TLS != nil {
 		creds = credentials.NewTLS(cfg.TLS.Clone())
 	}
-	creds = trackingCreds{TransportCredentials: creds, t: &c.conns}
+	if canQueryUnread {
+		creds = trackingCreds{TransportCredentials: creds, t: &c.conns}
+	}
 	// A resolver of our own fixed list: grpc-go has none built in for
 	// several static addresses, and manual.Resolver is its supported one.
 	r := manual.NewBuilderWithScheme(fmt.Sprintf("regnodes-%d", schemeSeq.Add(1)))

@@ -78,9 +78,9 @@ func (rd *receiveDeadline) expire() {
 		rd.mu.Unlock()
 		return
 	}
-	if left := rd.d - time.Since(rd.armedAt); left > 0 {
-		// Disarmed and armed again while this firing waited for the lock.
-		rd.t.Reset(left)
+	if time.Since(rd.armedAt) < rd.d {
+		// Disarmed and armed again while this firing waited for the lock:
+		// that arm has set the timer anew.
 		rd.mu.Unlock()
 		return
 	}

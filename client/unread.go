@@ -70,11 +70,11 @@ func (t *connTable) remove(k connKey) {
 
 // unreadOf returns a function that says whether bytes wait unread on the
 // connection a stream runs on (ctx: the stream's context, which carries
-// its peer). It returns nil when that cannot be known (not a socket
-// this table holds, or a platform without the query).
+// its peer). It returns nil when that cannot be known: not a socket this
+// table holds (a platform without the query records none).
 func (t *connTable) unreadOf(ctx context.Context) func() bool {
 	p, ok := peer.FromContext(ctx)
-	if !ok || !canQueryUnread {
+	if !ok {
 		return nil
 	}
 	k := keyOf(p.LocalAddr, p.Addr)
