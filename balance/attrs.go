@@ -66,6 +66,17 @@ type Service struct {
 	Name string
 	// Known is true once a view of the service exists (a snapshot).
 	Known bool
+	// Unreached, while Known is false, says the registry was tried and
+	// not reached within the client's connect timeout: the balancer
+	// reports TRANSIENT_FAILURE, so fail-fast calls fail with "registry
+	// not reached yet" and wait-for-ready calls wait. Until then (Known
+	// and Unreached both false) the channel is CONNECTING and every call
+	// waits for the first view, as for any resolver's first result.
+	Unreached bool
+	// Refused, while Known is false, is why a regnode refused to follow
+	// the service (a permission or argument error, not a connection
+	// failure): the balancer fails calls with it at once.
+	Refused string
 	// Registered counts the instances in the view, draining included.
 	Registered int
 	// Draining counts the DRAINING instances (never in any endpoint list).
@@ -89,7 +100,7 @@ func (s *Service) Equal(o any) bool {
 	if !ok || os == nil || s == nil {
 		return ok && s == os
 	}
-	if s.Name != os.Name || s.Known != os.Known || s.Registered != os.Registered || s.Draining != os.Draining ||
+	if s.Name != os.Name || s.Known != os.Known || s.Unreached != os.Unreached || s.Refused != os.Refused || s.Registered != os.Registered || s.Draining != os.Draining ||
 		s.Metrics != os.Metrics || s.Logger != os.Logger || s.LocalZone != os.LocalZone || len(s.Standby) != len(os.Standby) {
 		return false
 	}
@@ -121,4 +132,10 @@ func WithService(st resolver.State, svc *Service) resolver.State {
 func ServiceOf(st resolver.State) *Service {
 	s, _ := st.Attributes.Value(serviceKey{}).(*Service)
 	return s
+}
+
+// waiting reports whether the service's first view is still on its way:
+// no view, the registry not yet found unreachable, nothing refused.
+func (s *Service) waiting() bool {
+	return !s.Known && !s.Unreached && s.Refused == ""
 }

@@ -344,7 +344,9 @@ func (b *lb) buildLocked(now time.Time) (*picker, connectivity.State, time.Time,
 	switch {
 	case len(cands) > 0 || len(pk.halfOpen) > 0:
 		return pk, connectivity.Ready, wake, panicking
-	case connecting:
+	case connecting, b.svc != nil && b.svc.waiting():
+		// Still connecting, or the first view of the service is on its
+		// way: calls queue, fail-fast or not, within their deadline.
 		return pk.with(balancer.ErrNoSubConnAvailable, false), connectivity.Connecting, wake, panicking
 	}
 	err, final := b.nothingToCall(len(kids), lastErr)
@@ -362,6 +364,8 @@ func (b *lb) nothingToCall(nonDraining int, lastErr error) (error, bool) {
 	case svc == nil && nonDraining == 0:
 		return errorf("%s: the resolver gave no instance", name), true
 	case svc == nil:
+	case !svc.Known && svc.Refused != "":
+		return errorf("%s: the registry refused to follow it: %s", name, svc.Refused), true
 	case !svc.Known:
 		return errorf("%s: registry not reached yet and no cached list", name), true
 	case svc.Registered == 0:

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
@@ -86,7 +87,8 @@ func TestAttributeChangeKeepsConnections(t *testing.T) {
 }
 
 // With nothing to call a call fails at once with Unavailable and a
-// message that says why; a list not known yet is not an empty list.
+// message that says why; a list the registry was not reached for is not
+// an empty list.
 func TestNothingToCallSaysWhy(t *testing.T) {
 	bs := startBackends(t, 3)
 	p := balance.DefaultPolicy()
@@ -101,7 +103,8 @@ func TestNothingToCallSaysWhy(t *testing.T) {
 		st   resolver.State
 		want string
 	}{
-		{state(t, p, m, false), "orders: registry not reached yet and no cached list"},
+		{unreached(state(t, p, m, false), ""), "orders: registry not reached yet and no cached list"},
+		{unreached(state(t, p, m, false), "token has no read access"), "orders: the registry refused to follow it: token has no read access"},
 		{state(t, p, m, true), "no instance of orders is registered"},
 		{state(t, p, m, true, drain(bs[0]), drain(bs[1]), drain(bs[2])), "all 3 instances of orders are draining"},
 	} {
@@ -158,5 +161,59 @@ func TestP2CAvoidsTheSlowInstance(t *testing.T) {
 	t.Logf("fast %d, slow %d", fast, slow)
 	if slow*100 > 30*(fast+slow) {
 		t.Fatalf("the slow instance got %d of %d calls, want < 30%%", slow, fast+slow)
+	}
+}
+
+// unreached marks st's service as not known and unreached (refused "")
+// or refused by the registry, as package client's resolver does once its
+// connect timeout passed or a regnode refused the service.
+func unreached(st resolver.State, refused string) resolver.State {
+	svc := *balance.ServiceOf(st)
+	svc.Unreached, svc.Refused = refused == "", refused
+	return balance.WithService(st, &svc)
+}
+
+// Before the first view the channel is CONNECTING: a fail-fast call
+// waits (here until its deadline), calls made while waiting are served
+// once the view comes, and only "unreached" fails fail-fast calls at
+// once, while a wait-for-ready call still waits for its deadline.
+func TestFirstViewWaits(t *testing.T) {
+	bs := startBackends(t, 1)
+	p := balance.DefaultPolicy()
+	m := balance.NewMetrics()
+	ch := newChannel(t, p, state(t, p, m, false))
+	err := ch.check("", 300*time.Millisecond)
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a fail-fast call before the first view: %v, want it to wait for its deadline", err)
+	}
+	if s := ch.cc.GetState(); s != connectivity.Connecting {
+		t.Fatalf("channel %v before the first view, want CONNECTING", s)
+	}
+	// Calls made now wait, and are served by the view that comes.
+	errs := make(chan error, 10)
+	for range cap(errs) {
+		go func() { errs <- ch.check("", time.Minute) }()
+	}
+	waitFor(t, 10*time.Second, "the calls to be waiting", func() bool {
+		return bs[0].calls.Load() == 0 && m.Counts().NoInstance == 0 && ch.cc.GetState() == connectivity.Connecting
+	})
+	ch.r.UpdateState(state(t, p, m, true, serving(bs[0], 100)))
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Fatalf("a call made before the first view: %v", err)
+		}
+	}
+	if n := bs[0].calls.Load(); n != int64(cap(errs)) {
+		t.Fatalf("backend got %d calls, want %d", n, cap(errs))
+	}
+
+	// Unreached: fail-fast fails at once, wait-for-ready waits.
+	ch2 := newChannel(t, p, unreached(state(t, p, m, false), ""))
+	waitFor(t, 10*time.Second, "TRANSIENT_FAILURE", func() bool {
+		err := ch2.check("", time.Minute)
+		return status.Code(err) == codes.Unavailable && ch2.cc.GetState() == connectivity.TransientFailure
+	})
+	if err := ch2.check("", 300*time.Millisecond, grpc.WaitForReady(true)); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a wait-for-ready call while unreached: %v, want it to wait for its deadline", err)
 	}
 }

@@ -83,9 +83,13 @@
 //
 // # Nothing to call
 //
-// A pick that cannot be served fails at once with codes.Unavailable and a
-// message that says why: "orders: registry not reached yet and no cached
-// list" (no view yet, which is not an empty list), "no instance of orders
+// Before the first view of the service (Service.Known false, neither
+// Unreached nor Refused) the channel is CONNECTING and picks queue, as
+// behind any resolver that has not answered yet. A pick that cannot be
+// served fails at once with codes.Unavailable and a message that says
+// why: "orders: registry not reached yet and no cached list" (the
+// registry was not reached within the client's connect timeout, which is
+// not an empty list), "no instance of orders
 // is registered", "all 3 instances of orders are draining", or which
 // instances exist and that none of the routable ones is connected.
 package balance

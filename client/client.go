@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -88,6 +89,16 @@ type Config struct {
 	// warning (0: DefaultCacheMaxAge; negative is refused).
 	CacheMaxAge time.Duration
 
+	// ConnectTimeout is how long a registry:/// channel whose first view
+	// has not come waits for a regnode to answer (0:
+	// DefaultConnectTimeout; negative is refused). Until then the channel
+	// is CONNECTING and its calls wait, fail-fast or not, within their
+	// deadlines; past it, with no regnode answering and no disk view, it
+	// is TRANSIENT_FAILURE: fail-fast calls fail at once ("registry not
+	// reached yet and no cached list") and wait-for-ready calls keep
+	// waiting. A view once known keeps serving whatever happens after.
+	ConnectTimeout time.Duration
+
 	// CloseTimeout bounds how long Close gives the open Registrations to
 	// drain and deregister (0: DefaultCloseTimeout; negative is refused);
 	// a drain grace longer than it is cut short.
@@ -128,6 +139,8 @@ type Client struct {
 
 	cacheDir    string // Config.CacheDir
 	cacheMaxAge time.Duration
+
+	connectTimeout time.Duration // Config.ConnectTimeout
 
 	mux        *mux   // the Subscribe stream (mux.go), nil with WatchPerSubscription
 	subscriber string // Config.Subscriber
@@ -194,7 +207,8 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{log: cfg.Logger, policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
 		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: cfg.CacheMaxAge, closeTimeout: cfg.CloseTimeout,
-		subscriber: cfg.Subscriber}
+		connectTimeout: cfg.ConnectTimeout,
+		subscriber:     cfg.Subscriber}
 	c.own.init()
 	creds := insecure.NewCredentials()
 	if cfg.TLS != nil {
@@ -216,6 +230,9 @@ func New(cfg Config) (*Client, error) {
 		grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"` + regnodePolicy + `":{}}]}`),
 		grpc.WithKeepaliveParams(clientKeepalive),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: connectBackoff.base,
+			Multiplier: connectBackoff.multiplier, Jitter: connectBackoff.jitter, MaxDelay: connectBackoff.max},
+			MinConnectTimeout: minConnectTimeout}),
 		grpc.WithStaticStreamWindowSize(regnodeWindow),
 		grpc.WithStaticConnWindowSize(regnodeWindow),
 		// Every regnode message is at most chunk.MaxBytes (watch chunks,

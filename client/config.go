@@ -16,7 +16,7 @@ import (
 func DefaultConfig() Config {
 	p := DefaultPolicy()
 	return Config{Endpoints: []string{DefaultEndpoint}, Policy: &p, CacheMaxAge: DefaultCacheMaxAge,
-		CloseTimeout: DefaultCloseTimeout, Subscriber: subscriberName("")}
+		ConnectTimeout: DefaultConnectTimeout, CloseTimeout: DefaultCloseTimeout, Subscriber: subscriberName("")}
 }
 
 // withDefaults is c with its zero fields set to DefaultConfig's and its
@@ -42,6 +42,9 @@ func (c Config) withDefaults() Config {
 	if c.CacheMaxAge == 0 {
 		c.CacheMaxAge = d.CacheMaxAge
 	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = d.ConnectTimeout
+	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = d.CloseTimeout
 	}
@@ -53,8 +56,8 @@ func (c Config) withDefaults() Config {
 
 // Validate reports the first field that cannot work, with its defaults
 // filled, as an error wrapping ErrInvalidConfig: an endpoint that is not
-// host:port, a policy balance refuses, a negative CacheMaxAge or
-// CloseTimeout, a malformed Token or one that would cross the network in
+// host:port, a policy balance refuses, a negative CacheMaxAge,
+// ConnectTimeout or CloseTimeout, a malformed Token or one that would cross the network in
 // plaintext (ErrInsecureToken). It does no I/O (New creates CacheDir).
 func (c Config) Validate() error {
 	c = c.withDefaults()
@@ -84,6 +87,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.CacheMaxAge < 0:
 		return bad("CacheMaxAge", c.CacheMaxAge)
+	case c.ConnectTimeout < 0:
+		return bad("ConnectTimeout", c.ConnectTimeout)
 	case c.CloseTimeout < 0:
 		return bad("CloseTimeout", c.CloseTimeout)
 	}

@@ -113,37 +113,6 @@ func TestDialOptionsBalanceByWeight(t *testing.T) {
 	}
 }
 
-// A client that has not reached any regnode fails calls at once with a
-// message that says so, rather than "no instance" or a hang.
-func TestRegistryNotReachedFailsFast(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := lis.Addr().String()
-	lis.Close()
-	c, err := client.New(client.Config{Endpoints: []string{dead}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	cc, err := grpc.NewClient("registry:///orders", c.DialOptions()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	start := time.Now()
-	_, err = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
-	if status.Code(err) != codes.Unavailable || status.Convert(err).Message() != "orders: registry not reached yet and no cached list" {
-		t.Fatalf("got %v", err)
-	}
-	if time.Since(start) > 10*time.Second {
-		t.Fatalf("the call waited %v", time.Since(start))
-	}
-}
-
 // Bad policies are refused by New, naming the field.
 func TestPolicyValidatedByNew(t *testing.T) {
 	p := client.DefaultPolicy()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/regcluster/registry/cache"
@@ -49,8 +50,9 @@ type mux struct {
 		running bool     // run's goroutine is started
 		closed  bool
 	}
-	wake chan struct{} // a feed came, or a resync: cut waits short
-	done chan struct{} // closed when run returns (if it ever ran)
+	wake  chan struct{} // a feed came, or a resync: cut waits short
+	ready chan struct{} // a regnode connection turned ready: cut a retry's wait short
+	done  chan struct{} // closed when run returns (if it ever ran)
 	// stalled is the regnode whose stream last stalled or said
 	// REVISION_AHEAD (run's goroutine only): the next stream avoids it.
 	stalled string
@@ -163,7 +165,7 @@ type feed struct {
 }
 
 func newMux(c *Client) *mux {
-	m := &mux{c: c, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	m := &mux{c: c, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1), done: make(chan struct{})}
 	m.mu.feeds = map[string]*feed{}
 	return m
 }
@@ -319,6 +321,10 @@ func (m *mux) options() (deadline, minBackoff, maxBackoff time.Duration, empty b
 // run keeps a stream open while there are feeds, until ctx ends.
 func (m *mux) run(ctx context.Context) {
 	defer close(m.done)
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); m.watchReady(wctx) }()
+	defer func() { stopWatch(); <-watched }()
 	for attempt := 0; ; attempt++ {
 		_, minB, maxB, empty := m.options()
 		if empty {
@@ -333,6 +339,10 @@ func (m *mux) run(ctx context.Context) {
 		progressed, err := m.stream(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		select { // only a connection ready from now on cuts the wait below
+		case <-m.ready:
+		default:
 		}
 		m.disconnected(err)
 		var stall *stallError
@@ -361,8 +371,30 @@ func (m *mux) run(ctx context.Context) {
 		case <-t.C:
 		case <-m.wake:
 			t.Stop()
+		case <-m.ready:
+			t.Stop()
 		case <-ctx.Done():
 			t.Stop()
+			return
+		}
+	}
+}
+
+// watchReady signals m.ready each time the Client's channel turns ready,
+// until ctx ends: a stream that failed while no regnode was up (not
+// started yet, restarting) starts again as soon as one is, instead of
+// after a backoff that grew while it was down; the first view of a fresh
+// Client must come within its connect timeout.
+func (m *mux) watchReady(ctx context.Context) {
+	cc := m.c.cc
+	for st := cc.GetState(); ; st = cc.GetState() {
+		if st == connectivity.Ready {
+			select {
+			case m.ready <- struct{}{}:
+			default:
+			}
+		}
+		if !cc.WaitForStateChange(ctx, st) {
 			return
 		}
 	}

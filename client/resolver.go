@@ -96,19 +96,21 @@ func (b *builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.Bu
 		}
 		if !ch.Progress {
 			snap := sub.Snapshot() // the state this change made: only this goroutine applies
-			r.offer(r.view(r.epoch, snap, true))
+			r.offer(r.view(r.epoch, snap, known))
 		}
 	})
 	select {
 	case <-sub.Ready():
 		// Read after listening, so no change falls between; if a change
 		// beat this read, offer keeps the newer of the two.
-		r.offer(r.view(0, sub.Snapshot(), true))
+		r.offer(r.view(0, sub.Snapshot(), known))
 	default:
-		// No view yet: say so (an unknown list, not an empty one), so
-		// calls fail fast with why instead of hanging; the first
-		// snapshot's listener call offers a newer view.
-		r.offer(r.view(0, nil, false))
+		// No view yet: say so (an unknown list, not an empty one). The
+		// channel is CONNECTING and calls wait for the first snapshot,
+		// whose listener call offers a newer view; run says when the
+		// registry is unreached or refuses (firstview.go).
+		r.waiting = true
+		r.offerWaiting(r.waitingAt(time.Now()))
 	}
 	r.push() // at once, before the pusher starts: a rebuilt resolver is served without a wait
 	go r.run(ctx)
@@ -138,32 +140,56 @@ type regResolver struct {
 		next *view // the newest view offered and not yet pushed
 	}
 	pushed *view // the last view pushed; only the pushing goroutine touches it
+
+	// Before the first view (firstview.go); Build, then run, touch these.
+	waiting    bool      // Build found no view: run checks until one comes
+	waitedOnce bool      // a waiting view was offered
+	lastWait   waitState // the last one offered
+	stage      int       // counts the waiting views offered
 }
+
+// known is the first-view state of a view built from a snapshot.
+var known = waitState{}
 
 // view is the resolver state of the subscription at one revision.
 // Epoch counts NewEpoch resets: a view of a later epoch is newer whatever
-// its revision.
+// its revision. A view of a snapshot (known) is newer than any view
+// without one, which are ordered by stage: once known, a view is never
+// replaced by "not known yet".
 type view struct {
+	known bool
 	epoch int
 	rev   int64
+	stage int
 	state resolver.State
 }
 
 func (v *view) newerThan(o *view) bool {
-	return o == nil || v.epoch > o.epoch || (v.epoch == o.epoch && v.rev > o.rev)
+	switch {
+	case o == nil:
+		return true
+	case v.known != o.known:
+		return v.known
+	case v.epoch != o.epoch:
+		return v.epoch > o.epoch
+	case v.rev != o.rev:
+		return v.rev > o.rev
+	}
+	return v.stage > o.stage
 }
 
-// view builds the state grpc gets for snap (nil and known false before
-// the first snapshot), tagged with its revision (StateRevision).
-func (r *regResolver) view(epoch int, snap *cache.Snapshot, known bool) view {
+// view builds the state grpc gets for snap, tagged with its revision
+// (StateRevision); snap is nil before the first snapshot, and w then says
+// what the channel waits for.
+func (r *regResolver) view(epoch int, snap *cache.Snapshot, w waitState) view {
 	var insts []*registryv1.Instance
 	var rev int64
 	if snap != nil {
 		insts, rev = snap.Instances(r.service), snap.Revision()
 	}
-	st := resolverState(r.sub.c, r.service, insts, known, r.cc)
+	st := resolverState(r.sub.c, r.service, insts, snap != nil, w, r.cc)
 	st.Attributes = st.Attributes.WithValue(AttrRevision, rev)
-	return view{epoch: epoch, rev: rev, state: st}
+	return view{known: snap != nil, epoch: epoch, rev: rev, state: st}
 }
 
 // offer keeps v for the pusher unless a newer view is already waiting.
@@ -197,10 +223,22 @@ func (r *regResolver) push() {
 // run owns UpdateState until Close.
 func (r *regResolver) run(ctx context.Context) {
 	defer close(r.done)
+	var check <-chan time.Time // while no view: judge the wait again
+	if r.waiting {
+		t := time.NewTicker(firstViewCheck)
+		defer t.Stop()
+		check = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case now := <-check:
+			if r.sub.Freshness().Known {
+				check = nil // the listener offered it
+				continue
+			}
+			r.offerWaiting(r.waitingAt(now))
 		case <-r.kick:
 			r.push()
 		case <-r.now:

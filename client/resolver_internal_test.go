@@ -84,7 +84,7 @@ func TestResolveNowResyncsAnUnhealthySubscriptionOnce(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	const marker int64 = 1 << 40
-	r.offer(view{epoch: 1 << 20, rev: marker, state: resolver.State{Attributes: attributes.New(AttrRevision, marker)}})
+	r.offer(view{known: true, epoch: 1 << 20, rev: marker, state: resolver.State{Attributes: attributes.New(AttrRevision, marker)}})
 	for !fc.pushed(marker) {
 		if ctx.Err() != nil {
 			t.Fatal("the resolver's goroutine never pushed the marker view")

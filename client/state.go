@@ -10,7 +10,8 @@ import (
 )
 
 // resolverState is what the resolver of service pushes to gRPC for insts
-// (one snapshot of the subscription; known is false before the first): the
+// (one snapshot of the subscription; known is false before the first, and
+// w then says whether the registry was unreached or refused): the
 // routable instances as Endpoints (and, for balancers that still read
 // them, Addresses with the weight/zone/health/id balancer attributes),
 // each endpoint carrying a balance.Instance; a balance.Service on the
@@ -21,8 +22,11 @@ import (
 //
 // DRAINING instances are in no list: they never get a new call, and a
 // balancer that is not ours cannot send them one either.
-func resolverState(c *Client, service string, insts []*registryv1.Instance, known bool, cc resolver.ClientConn) resolver.State {
+func resolverState(c *Client, service string, insts []*registryv1.Instance, known bool, w waitState, cc resolver.ClientConn) resolver.State {
 	svc := &balance.Service{Name: service, Known: known, Metrics: c.metrics, Logger: c.log, LocalZone: c.zone}
+	if !known {
+		svc.Unreached, svc.Refused = w.unreached, w.refused
+	}
 	svc.Registered = len(insts)
 	var st resolver.State
 	for _, in := range insts {

@@ -124,6 +124,7 @@ type Freshness struct {
 type Subscription struct {
 	c       *Client
 	service string
+	started time.Time // when Subscribe made it: a resolver's connect timeout runs from here
 	opts    SubscribeOptions
 	cache   *cache.Cache
 	ready   chan struct{}
@@ -212,7 +213,7 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	s := &Subscription{c: c, service: service, opts: opts, cache: cache.New(), ready: make(chan struct{}),
+	s := &Subscription{c: c, service: service, started: time.Now(), opts: opts, cache: cache.New(), ready: make(chan struct{}),
 		halted: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	s.mu.listeners = map[int]func(Change){}
 	s.unfinished.Store(1)

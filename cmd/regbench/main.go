@@ -6,7 +6,8 @@
 // that matter are ratios that hold on a noisy machine.
 //
 //	regbench SCENARIO [flags]       SCENARIO: register, propagate, compaction,
-//	                                failover, fanout, resync, pick, flood, scale, or all;
+//	                                failover, fanout, resync, pick, flood, scale,
+//	                                firstcall, or all;
 //	                                or several, comma-separated, run in that order
 //
 // It starts everything it needs itself (embedded etcd, regnodes via
@@ -61,6 +62,7 @@ var scenarios = []scenario{
 	{"pick", runPick},
 	{"flood", runFlood},
 	{"scale", runScale},
+	{"firstcall", runFirstCall},
 }
 
 // intList is a flag of comma-separated integers.
@@ -122,6 +124,8 @@ type config struct {
 	resyncN       int
 	resyncRepeats int
 
+	firstTrials int
+
 	pickN      intList
 	pickOps    int
 	pickRounds int
@@ -142,6 +146,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == scaleChildArg {
 		os.Exit(scaleChildMain(os.Args[2:], os.Stdin, os.Stdout))
+	}
+	if len(os.Args) > 1 && os.Args[1] == firstCallArg {
+		os.Exit(firstCallMain(os.Args[2:]))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -206,6 +213,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.resyncN, "resync-instances", 100000, "resync: instances in etcd")
 	fs.IntVar(&c.resyncRepeats, "resync-repeats", 3, "resync: repeats of each measure")
 
+	fs.IntVar(&c.firstTrials, "firstcall-trials", 20, "firstcall: fresh processes per side (alternating)")
 	fs.Var(&c.pickN, "pick-endpoints", "pick: numbers of ready endpoints N")
 	fs.IntVar(&c.pickOps, "pick-ops", 1000000, "pick: picks per measure")
 	fs.IntVar(&c.pickRounds, "pick-rounds", 5, "pick: alternating rounds (each side measured once per round)")
@@ -272,6 +280,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 			"propagate-rate":    "50",
 			"failover-backends": "3",
 			"pick-endpoints":    "3,20",
+			"firstcall-trials":  "8",
 			"pick-ops":          "300000",
 			"pick-rounds":       "3",
 			"flood-calls":       "300",

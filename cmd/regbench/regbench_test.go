@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == scaleChildArg {
 		os.Exit(scaleChildMain(os.Args[2:], os.Stdin, os.Stdout))
 	}
+	if len(os.Args) > 1 && os.Args[1] == firstCallArg {
+		os.Exit(firstCallMain(os.Args[2:]))
+	}
 	os.Exit(m.Run())
 }
 
@@ -42,6 +45,8 @@ var tiny = map[string][]string{
 		"-fanout-clients", "3"},
 	"resync": {"-resync-instances", "300", "-resync-repeats", "1"},
 	"pick":   {"-pick-endpoints", "2", "-pick-ops", "2000", "-pick-rounds", "1"},
+	// Two fresh processes a side; their first calls must not fail.
+	"firstcall": {"-firstcall-trials", "2"},
 	// The default limits but a cap of 40 registrations: 120 Registers
 	// from the attacker are limited without thousands of etcd writes.
 	"flood": {"-flood-registers", "120", "-flood-conc", "8", "-flood-cap", "40", "-flood-calls", "20", "-flood-instances", "5"},
@@ -70,6 +75,12 @@ var fields = map[string][]field{
 		{"ratio/round_robin/N=2/ns_per_op", true},
 	},
 	"flood": floodFields(floodPeer, floodToken),
+	"firstcall": {
+		{"ours/fresh process/start_to_first_ok_ms/n", true}, {"ours/fresh process/main_to_first_ok_ms/p50", true},
+		{"baseline/round_robin/fresh process/start_to_first_ok_ms/n", true},
+		{"ratio/round_robin/fresh process/start_to_first_ok_ms/p50", true},
+		{"ours/fresh process/failed_before_first_ok", false},
+	},
 	"register": {
 		{"ours/c=4/per_sec", true}, {"baseline/etcd_grant_put/c=4/per_sec", true},
 		{"baseline/etcd_grant_only/c=4/per_sec", true},
@@ -215,6 +226,14 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 		}
 		if total != 30 || onVictim != moved {
 			t.Errorf("scale kill: streams before the kill %q, %v followed as the killed regnode's", before, moved)
+		}
+		return
+	}
+	if scenario == "firstcall" {
+		// A fresh process's channel waits for its first view: not one of
+		// its calls fails before the first success.
+		if f, ok := at(obj, "ours/fresh process/failed_before_first_ok"); !ok || f != 0 {
+			t.Errorf("firstcall: %v calls of ours failed before the first success", f)
 		}
 		return
 	}
