@@ -584,7 +584,11 @@ func (m *mux) serviceError(f *feed, e *registryv1.SubscribeError) error {
 			s.mu.Unlock()
 		}
 		return fmt.Errorf("%w: %q: %v", errAhead, f.service, err)
-	case codes.Code(e.Code) == codes.InvalidArgument:
+	case refusal(err):
+		// Refused (an invalid name, a token that may not read it): another
+		// regnode would say the same, and the stream's other services are
+		// fine. The refusal stays the service's error (a resolver fails
+		// its calls with it) until the service is added again.
 		f.failed = err
 		f.mu.Unlock()
 		m.c.log.Error("subscription refused", "service", f.service, "err", err)

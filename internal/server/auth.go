@@ -247,12 +247,34 @@ func (s *authStream) Context() context.Context { return s.ctx }
 // RecvMsg authorizes each message with the stream's token. A revoke or
 // expiry needs no check here: it cancels the stream's context (Stream),
 // which ends the handler's etcd calls and the stream with it.
+//
+// A Subscribe stream's add of a service the token may not read is
+// refused as that service's own error (ServiceRefused), which the
+// handler answers and goes on: one service out of scope must not end the
+// stream that carries the client's others.
 func (s *authStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	return s.a.authorize(s.ctx, s.r, s.method, m)
+	err := s.a.authorize(s.ctx, s.r, s.method, m)
+	if req, ok := m.(*registryv1.SubscribeRequest); ok && err != nil && req.GetAdd() != nil {
+		return &ServiceRefused{Service: req.GetAdd().GetService(), Err: err}
+	}
+	return err
 }
+
+// ServiceRefused is the error a Subscribe stream's receive returns for an
+// add the token check refused: the stream goes on, and the service ends
+// with Err (its status) as its SubscribeError.
+type ServiceRefused struct {
+	Service string
+	Err     error
+}
+
+func (e *ServiceRefused) Error() string { return fmt.Sprintf("follow %q: %v", e.Service, e.Err) }
+
+// Unwrap is the refusal's status error.
+func (e *ServiceRefused) Unwrap() error { return e.Err }
 
 // TokenLimitKey keys the per-caller limits by token name when a call
 // carries one (each token its own buckets), by peer address otherwise.

@@ -90,6 +90,17 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 	}()
 	for {
 		req, err := stream.Recv()
+		var refused *ServiceRefused
+		if errors.As(err, &refused) { // out of the token's scope: that service alone ends
+			if f := followers[refused.Service]; f != nil {
+				s.stopFollower(f)
+				delete(followers, refused.Service)
+			}
+			if serr := ms.sendError(refused.Service, refused.Err); serr != nil {
+				return serr
+			}
+			continue
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) || ctx.Err() != nil || errors.Is(err, context.Canceled) {
 				return nil
