@@ -25,6 +25,8 @@
 //	GET  /api/v1/watch[?service=S][&from_revision=R]   regctl watch -o json, as SSE
 //	POST /api/v1/services/{service}/instances/{id}/drain    body {"reason": R} (optional)
 //	POST /api/v1/services/{service}/instances/{id}/undrain
+//	GET  /api/v1/prometheus/targets[?service=S][&metrics_port=P]
+//	                                                   Prometheus http_sd_configs (prometheus.go)
 //
 // With Config.ReadOnly the POST routes answer 403 and write nothing.
 package httpapi
@@ -128,6 +130,7 @@ func New(cfg Config) (*API, error) {
 	a.mux.HandleFunc("GET /api/v1/watch", a.watch)
 	a.mux.HandleFunc("POST /api/v1/services/{service}/instances/{id}/drain", a.drain)
 	a.mux.HandleFunc("POST /api/v1/services/{service}/instances/{id}/undrain", a.undrain)
+	a.mux.HandleFunc("GET /api/v1/prometheus/targets", a.prometheusTargets)
 	a.mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, &apiError{Message: "no route " + r.Method + " " + r.URL.Path, Code: codes.NotFound.String()})
 	})

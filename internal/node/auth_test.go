@@ -86,6 +86,8 @@ func TestAuthHTTPAndHealth(t *testing.T) {
 	}{
 		{"GET", "/api/v1/instances", "", http.StatusUnauthorized, "send a token"},
 		{"GET", "/api/v1/instances", readTok, http.StatusOK, "w-1"},
+		{"GET", "/api/v1/prometheus/targets", "", http.StatusUnauthorized, "send a token"},
+		{"GET", "/api/v1/prometheus/targets", readTok, http.StatusOK, `"__meta_registry_id":"w-1"`},
 		{"POST", "/api/v1/services/web/instances/w-1/drain", "", http.StatusUnauthorized, "send a token"},
 		{"POST", "/api/v1/services/web/instances/w-1/drain", readTok, http.StatusForbidden, "needs role operate"},
 		{"POST", "/api/v1/services/web/instances/w-1/drain", operTok, http.StatusOK, "DRAINING"},
