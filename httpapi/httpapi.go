@@ -25,8 +25,14 @@
 //	GET  /api/v1/watch[?service=S][&from_revision=R]   regctl watch -o json, as SSE
 //	POST /api/v1/services/{service}/instances/{id}/drain    body {"reason": R} (optional)
 //	POST /api/v1/services/{service}/instances/{id}/undrain
+//	POST   /api/v1/services/{service}/instances            register (register.go)
+//	POST   /api/v1/services/{service}/instances/{id}/keepalive
+//	DELETE /api/v1/services/{service}/instances/{id}
+//	GET  /api/v1/prometheus/targets[?service=S][&metrics_port=P]
+//	                                                   Prometheus http_sd_configs (prometheus.go)
 //
-// With Config.ReadOnly the POST routes answer 403 and write nothing.
+// With Config.ReadOnly drain and undrain answer 403 and write nothing;
+// registration follows the gRPC API's rules (register.go).
 package httpapi
 
 import (
@@ -64,8 +70,14 @@ type Config struct {
 	// Conn is a connection to a regnode's gRPC API (required). Calls go
 	// through it, so they pass the regnode's interceptors like any other.
 	Conn grpc.ClientConnInterface
-	// ReadOnly refuses drain and undrain with 403 Forbidden.
+	// ReadOnly refuses drain and undrain with 403 Forbidden (and, without
+	// Caller, an operator's deregistration).
 	ReadOnly bool
+	// Caller, if set, adds the HTTP caller's identity (its address) to
+	// each gRPC call's outgoing context, so that the gRPC server judges
+	// the call as the HTTP caller's rather than as Conn's (see
+	// server.Forwarder). Without it every call is Conn's own.
+	Caller func(ctx context.Context, r *http.Request) context.Context
 	// CallTimeout bounds each unary call (default 5s).
 	CallTimeout time.Duration
 	// Logger (default slog.Default()).
@@ -128,6 +140,10 @@ func New(cfg Config) (*API, error) {
 	a.mux.HandleFunc("GET /api/v1/watch", a.watch)
 	a.mux.HandleFunc("POST /api/v1/services/{service}/instances/{id}/drain", a.drain)
 	a.mux.HandleFunc("POST /api/v1/services/{service}/instances/{id}/undrain", a.undrain)
+	a.mux.HandleFunc("GET /api/v1/prometheus/targets", a.prometheusTargets)
+	a.mux.HandleFunc("POST /api/v1/services/{service}/instances", a.register)
+	a.mux.HandleFunc("POST /api/v1/services/{service}/instances/{id}/keepalive", a.keepAlive)
+	a.mux.HandleFunc("DELETE /api/v1/services/{service}/instances/{id}", a.deregister)
 	a.mux.HandleFunc("/api/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, &apiError{Message: "no route " + r.Method + " " + r.URL.Path, Code: codes.NotFound.String()})
 	})
@@ -158,6 +174,9 @@ type apiError struct {
 	// Field names the input at fault, with the names of the JSON API
 	// ("service", "id", "from_revision", "reason").
 	Field string `json:"field,omitempty"`
+	// status is the HTTP status when the code's is not the one (0: by
+	// Code, errStatus).
+	status int
 }
 
 func badField(field, format string, args ...any) *apiError {
@@ -187,6 +206,9 @@ func (a *API) writeRPCError(w http.ResponseWriter, r *http.Request, err error) {
 		if rest, ok := strings.CutPrefix(st.Message(), "invalid "); ok {
 			if f, _, ok := strings.Cut(rest, ": "); ok && !strings.ContainsAny(f, " ") {
 				e.Field = f
+			}
+			if e.Field == "secret" { // a registration's: sent in a header here
+				e.Field = SecretHeader
 			}
 		}
 	}
@@ -246,7 +268,17 @@ func fieldError(err error, field string) *apiError {
 }
 
 func (a *API) call(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(forwardAuth(r), a.cfg.CallTimeout)
+	return context.WithTimeout(a.callerContext(r), a.cfg.CallTimeout)
+}
+
+// callerContext is r's context carrying r's token (forwardAuth) and, with
+// Config.Caller, its caller.
+func (a *API) callerContext(r *http.Request) context.Context {
+	ctx := forwardAuth(r)
+	if a.cfg.Caller != nil {
+		ctx = a.cfg.Caller(ctx, r)
+	}
+	return ctx
 }
 
 // forwardAuth is r's context carrying r's Authorization header, if any,
@@ -356,7 +388,7 @@ func (a *API) drain(w http.ResponseWriter, r *http.Request) {
 	service, id, e := a.writable(r)
 	var body drainBody
 	if e == nil {
-		e = decodeBody(w, r, &body)
+		e = decodeBody(w, r, &body, maxBody)
 	}
 	if e != nil {
 		writeError(w, errStatus(e), e)
@@ -376,7 +408,7 @@ func (a *API) drain(w http.ResponseWriter, r *http.Request) {
 func (a *API) undrain(w http.ResponseWriter, r *http.Request) {
 	service, id, e := a.writable(r)
 	if e == nil {
-		e = decodeBody(w, r, &struct{}{})
+		e = decodeBody(w, r, &struct{}{}, maxBody)
 	}
 	if e != nil {
 		writeError(w, errStatus(e), e)
@@ -407,16 +439,32 @@ func (a *API) writable(r *http.Request) (string, string, *apiError) {
 }
 
 func errStatus(e *apiError) int {
+	if e.status != 0 {
+		return e.status
+	}
 	if e.Code == codes.PermissionDenied.String() {
 		return http.StatusForbidden
 	}
 	return http.StatusBadRequest
 }
 
-// decodeBody reads an optional JSON object into v: an empty body is no
-// fields; an unknown field or a value of the wrong type is a 400 naming it.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
-	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+// tooLarge is the 413 of a body over limit bytes.
+func tooLarge(limit int64) *apiError {
+	e := badField("body", "larger than %d bytes", limit)
+	e.status = http.StatusRequestEntityTooLarge
+	return e
+}
+
+// decodeBody reads an optional JSON object of at most limit bytes into v:
+// an empty body is no fields; an unknown field or a value of the wrong
+// type is a 400 naming it, a larger body a 413.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, limit int64) *apiError {
+	if r.ContentLength > limit {
+		// Refused unread: net/http then discards a modest rest and keeps
+		// the connection, where a limit hit while reading closes it.
+		return tooLarge(limit)
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
@@ -435,7 +483,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	case errors.As(err, &te):
 		return badField(te.Field, "must be a JSON %s", te.Type)
 	case errors.As(err, &mbe):
-		return badField("body", "larger than %d bytes", mbe.Limit)
+		return tooLarge(mbe.Limit)
 	}
 	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		f, _ = strconv.Unquote(f)

@@ -63,7 +63,7 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 	}
 	rc := http.NewResponseController(w)
 
-	stream, err := a.rpc.Watch(forwardAuth(r), &registryv1.WatchRequest{Service: service, FromRevision: from})
+	stream, err := a.rpc.Watch(a.callerContext(r), &registryv1.WatchRequest{Service: service, FromRevision: from})
 	if err != nil {
 		a.writeRPCError(w, r, err)
 		return

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/regcluster/registry/internal/checkspec"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -166,26 +167,9 @@ func parseCheck(spec string, interval, timeout *time.Duration) (*registryv1.Heal
 		}
 		return nil, nil
 	}
-	kind, target, hasTarget := strings.Cut(spec, ":")
-	c := &registryv1.HealthCheck{}
-	switch strings.ToLower(kind) {
-	case "tcp":
-		if hasTarget {
-			return nil, usagef("invalid --check %q: tcp takes no target (it connects to --address)", spec)
-		}
-		c.Kind = registryv1.CheckKind_CHECK_KIND_TCP
-	case "http":
-		if !strings.HasPrefix(target, "/") {
-			return nil, usagef("invalid --check %q: must be http:PATH with PATH starting with '/'", spec)
-		}
-		c.Kind, c.Target = registryv1.CheckKind_CHECK_KIND_HTTP, target
-	case "grpc":
-		if hasTarget && target == "" {
-			return nil, usagef("invalid --check %q: grpc:SERVICE needs a service name", spec)
-		}
-		c.Kind, c.Target = registryv1.CheckKind_CHECK_KIND_GRPC, target
-	default:
-		return nil, usagef("invalid --check %q: must be tcp, http:PATH, grpc[:SERVICE] or none", spec)
+	c, err := checkspec.Parse(spec)
+	if err != nil {
+		return nil, usagef("invalid --check %v", err)
 	}
 	if interval != nil {
 		if *interval <= 0 {

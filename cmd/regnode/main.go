@@ -8,7 +8,8 @@
 // --cert-file and --key-file serve the API and the metrics port over TLS
 // (etcd's flags and meanings); a listener on a non-loopback address without
 // TLS is refused (exit 2) unless --insecure says so. --auth requires a
-// scoped token on every call; the first start writes an admin token to a
+// scoped token on every call (and, on an embedded member, turns etcd's own
+// auth on unless --etcd-server-auth=false); the first start writes an admin token to a
 // file (its path, never the token, is logged).
 package main
 
@@ -124,6 +125,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 			if cfg.EtcdPassword, err = etcdPassword(passwordFile); err != nil {
 				return usageError{err}
 			}
+			embedAuthDefault(cmd.Flags(), &cfg)
 			if err := cfg.Validate(); err != nil {
 				return usageError{withFlag(err)}
 			}
@@ -197,7 +199,7 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.StringVar(&cfg.Embed.ClientTLS.KeyFile, "etcd-server-key-file", "", "embedded etcd: private key of --etcd-server-cert-file")
 	f.StringVar(&cfg.Embed.ClientTLS.TrustedCAFile, "etcd-server-trusted-ca-file", "", "embedded etcd: require client certificates of this CA on its client port")
 	f.BoolVar(&cfg.Embed.ClientTLS.ClientCertAuth, "etcd-server-client-cert-auth", false, "embedded etcd: require a client certificate of --etcd-server-trusted-ca-file")
-	f.BoolVar(&cfg.EmbedAuth, "etcd-server-auth", false, "embedded etcd: turn etcd's auth on, so its client port refuses clients without credentials (root password generated into the data dir, or --etcd-username/--etcd-password-file)")
+	f.BoolVar(&cfg.EmbedAuth, "etcd-server-auth", false, "embedded etcd: turn etcd's auth on, so its client port refuses clients without credentials (password generated into the data dir, or --etcd-username/--etcd-password-file); on by default with --auth (--etcd-server-auth=false: off, with a warning)")
 	// Between embedded members: etcd's own names.
 	f.StringVar(&cfg.Embed.PeerTLS.CertFile, "peer-cert-file", "", "embedded etcd: peer certificate (https --listen-peer-urls), also presented to peers")
 	f.StringVar(&cfg.Embed.PeerTLS.KeyFile, "peer-key-file", "", "embedded etcd: private key of --peer-cert-file")
@@ -253,6 +255,30 @@ func orOff(s string) string {
 		return "off"
 	}
 	return s
+}
+
+// envEtcdServerAuth is --etcd-server-auth's variable: given, it is as
+// explicit as the flag.
+const envEtcdServerAuth = "REGNODE_ETCD_SERVER_AUTH"
+
+// embedAuthDefault makes --auth secure by default: on an embedded member
+// it turns etcd's own auth on too (else anyone reaching the member's
+// client port reads and writes the registry behind the tokens' back),
+// unless --etcd-server-auth=false says otherwise, which is logged as a
+// warning.
+func embedAuthDefault(fs *pflag.FlagSet, cfg *node.Config) {
+	if !cfg.Auth || len(cfg.EtcdEndpoints) > 0 {
+		return
+	}
+	_, inEnv := os.LookupEnv(envEtcdServerAuth)
+	if !fs.Changed("etcd-server-auth") && !inEnv {
+		cfg.EmbedAuth = true
+		return
+	}
+	if !cfg.EmbedAuth {
+		cfg.Logger.Warn("--auth with --etcd-server-auth=false: the embedded etcd's client port is open to anyone who can reach it, "+
+			"who can read and write the registry there without a token", "listen_client_urls", strings.Join(cfg.Embed.ListenClientURLs, ","))
+	}
 }
 
 // fromEnv sets every flag not given on the command line from REGNODE_<FLAG>.

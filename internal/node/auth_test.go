@@ -86,6 +86,8 @@ func TestAuthHTTPAndHealth(t *testing.T) {
 	}{
 		{"GET", "/api/v1/instances", "", http.StatusUnauthorized, "send a token"},
 		{"GET", "/api/v1/instances", readTok, http.StatusOK, "w-1"},
+		{"GET", "/api/v1/prometheus/targets", "", http.StatusUnauthorized, "send a token"},
+		{"GET", "/api/v1/prometheus/targets", readTok, http.StatusOK, `"__meta_registry_id":"w-1"`},
 		{"POST", "/api/v1/services/web/instances/w-1/drain", "", http.StatusUnauthorized, "send a token"},
 		{"POST", "/api/v1/services/web/instances/w-1/drain", readTok, http.StatusForbidden, "needs role operate"},
 		{"POST", "/api/v1/services/web/instances/w-1/drain", operTok, http.StatusOK, "DRAINING"},
@@ -95,8 +97,42 @@ func TestAuthHTTPAndHealth(t *testing.T) {
 			t.Errorf("%s %s (token %v): %d %s, want %d saying %q", tc.method, tc.path, tc.tok != "", code, body, tc.want, tc.says)
 		}
 	}
+	// Registration over HTTP with auth: a register token registers; an
+	// operator's DELETE (no secret) needs operate, whoever calls.
+	regTok := mk("deployer", registryv1.TokenRole_TOKEN_ROLE_REGISTER)
+	post := func(path, tok, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, "POST", base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	w2 := `{"id":"w-2","address":"10.0.0.2:80"}`
+	if code, body := post("/api/v1/services/web/instances", readTok, w2); code != http.StatusForbidden {
+		t.Errorf("register over HTTP with a read token: %d %s, want 403", code, body)
+	}
+	if code, body := post("/api/v1/services/web/instances", regTok, w2); code != http.StatusCreated || !strings.Contains(body, `"secret"`) {
+		t.Errorf("register over HTTP with a register token: %d %s, want 201", code, body)
+	}
+	for _, tc := range []struct {
+		tok  string
+		want int
+	}{{"", http.StatusUnauthorized}, {regTok, http.StatusForbidden}, {readTok, http.StatusForbidden}, {operTok, http.StatusOK}} {
+		if code, body := do("DELETE", "/api/v1/services/web/instances/w-2", tc.tok); code != tc.want {
+			t.Errorf("operator's DELETE over HTTP (token %v): %d %s, want %d", tc.tok != "", code, body, tc.want)
+		}
+	}
+
 	_, metrics := do("GET", "/metrics", "")
-	for _, tok := range []string{adminTok, readTok, operTok} {
+	for _, tok := range []string{adminTok, readTok, operTok, regTok} {
 		if strings.Contains(metrics, tok[8:]) {
 			t.Fatal("/metrics holds a token")
 		}

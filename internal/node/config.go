@@ -118,8 +118,10 @@ type Config struct {
 	// (--etcd-server-auth), so its client port refuses clients without
 	// credentials. The regnode's credential is EtcdUsername and
 	// EtcdPassword if set (give every regnode of a cluster the same),
-	// else user root with a password generated on the first start and
-	// kept in the data dir (RootPasswordFile, mode 0600).
+	// else user root (in a cluster of several members, a user of each
+	// member's own, with the root role) with a password generated on the
+	// first start and kept in the data dir (RootPasswordFile, mode 0600).
+	// regnode --auth sets it unless --etcd-server-auth=false is given.
 	EmbedAuth bool
 	// NoGroupCommit gives every Register an etcd Txn of its own
 	// (--group-commit=false). By default concurrent Registers are

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,24 +19,39 @@ import (
 )
 
 // RootPasswordFile is the file in the embedded member's data dir that
-// holds the etcd root password a regnode generated when it turned etcd's
-// auth on (EmbedAuth without a password of its own). Mode 0600.
+// holds the etcd password a regnode generated when it turned etcd's auth
+// on (EmbedAuth without a password of its own): user root's when the
+// member is alone in its cluster, else its own user's, which holds the
+// root role (see embeddedAuth). Mode 0600.
 const RootPasswordFile = "etcd-root-password"
 
 // errWrongRoot is an etcd whose auth is on under another root password.
 var errWrongRoot = errors.New("etcd auth is on under another password")
 
-// embeddedAuth turns etcd's auth on at the embedded member, with a root
-// user of the regnode's credential, and returns that credential: the
-// password given (EtcdUsername and EtcdPassword: the one to give every
-// regnode of a cluster of several members), else one generated on the
-// first start and kept in the data dir. It is idempotent: a start after a
-// crash between any two steps finishes the job.
+// embeddedAuth turns etcd's auth on at the embedded member, with a user
+// of the regnode's credential holding etcd's root role, and returns that
+// credential: the password given (EtcdUsername and EtcdPassword), else one
+// generated on the first start and kept in the data dir (RootPasswordFile).
+// It is idempotent: a start after a crash between any two steps finishes
+// the job.
+//
+// A generated password is never shared between members. Alone in its
+// cluster the regnode is etcd's user root. In a cluster of several
+// members (--initial-cluster) each regnode is a user of its own,
+// "regnode-<member name>" (generatedUser), given the root role, and auth
+// is turned on by whichever regnode finds every initial member's user
+// there with the role: until then the others start with auth still off
+// (their client authenticates once it is on). Nobody is locked out by
+// another member turning auth on first, and a cluster whose regnodes all
+// run with --auth comes up with auth on everywhere. A member that joins
+// after auth is on has no user: it needs --etcd-username and
+// --etcd-password-file of one.
 func (n *Node) embeddedAuth(ctx context.Context, endpoints []string, tlsCfg *tls.Config) (user, password string, err error) {
 	user, password = n.cfg.EtcdUsername, n.cfg.EtcdPassword
 	file := ""
+	var members []string
 	if user == "" {
-		user = "root"
+		user, members = generatedUser(n.cfg.Embed.Name, n.cfg.Embed.InitialCluster)
 		file = filepath.Join(n.cfg.Embed.Dir, RootPasswordFile)
 		if password, err = rootPassword(file); err != nil {
 			return "", "", err
@@ -46,7 +62,11 @@ func (n *Node) embeddedAuth(ctx context.Context, endpoints []string, tlsCfg *tls
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrAuthFailed) {
 			where := "--etcd-password-file / REGNODE_ETCD_PASSWORD"
-			if file != "" {
+			switch {
+			case len(members) > 1:
+				where = fmt.Sprintf("%s for user %s (this member's: auth was turned on without it, as for a member that joined later; "+
+					"give it --etcd-username and --etcd-password-file of a user with etcd's root role)", file, user)
+			case file != "":
 				where = file + " (another regnode of this cluster turned auth on: give every regnode the same --etcd-username and --etcd-password-file)"
 			}
 			return "", "", fmt.Errorf("embedded etcd: %w than %s: %v", errWrongRoot, where, err)
@@ -82,11 +102,62 @@ func (n *Node) embeddedAuth(ctx context.Context, endpoints []string, tlsCfg *tls
 	if _, err := cli.UserGrantRole(ctx, user, "root"); err != nil && !alreadyGranted(err) {
 		return "", "", fmt.Errorf("embedded etcd: grant root to %s: %w", user, err)
 	}
+	if missing, err := usersMissing(ctx, cli, members); err != nil {
+		return "", "", err
+	} else if len(missing) > 0 {
+		n.log.Info("etcd auth turns on once every member's regnode has started with --auth (or --etcd-server-auth)",
+			"user", user, "password_file", file, "waiting_for", strings.Join(missing, ","))
+		return user, password, nil
+	}
 	if _, err := cli.AuthEnable(ctx); err != nil {
 		return "", "", fmt.Errorf("embedded etcd: turn auth on: %w", err)
 	}
 	n.log.Info("etcd auth turned on at the embedded member", "user", user, "password_file", file)
 	return user, password, nil
+}
+
+// generatedUser is the etcd user of a generated password: root when the
+// member is alone in its initial cluster, else "regnode-<name>", with the
+// users of every member of the initial cluster (sorted; nil when alone).
+func generatedUser(name, initialCluster string) (string, []string) {
+	seen := map[string]bool{}
+	var users []string
+	for _, m := range strings.Split(initialCluster, ",") {
+		mn, _, ok := strings.Cut(strings.TrimSpace(m), "=")
+		if ok && mn != "" && !seen[mn] {
+			seen[mn] = true
+			users = append(users, memberUserPrefix+mn)
+		}
+	}
+	if len(users) < 2 {
+		return "root", nil
+	}
+	slices.Sort(users)
+	return memberUserPrefix + name, users
+}
+
+// memberUserPrefix names the etcd user of each member's regnode in a
+// cluster of several embedded members.
+const memberUserPrefix = "regnode-"
+
+// usersMissing is those of users that etcd does not have yet with the
+// root role.
+func usersMissing(ctx context.Context, cli *clientv3.Client, users []string) ([]string, error) {
+	var missing []string
+	for _, u := range users {
+		r, err := cli.UserGet(ctx, u)
+		if errors.Is(err, rpctypes.ErrUserNotFound) {
+			missing = append(missing, u)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("embedded etcd: read user %s: %w", u, err)
+		}
+		if !slices.Contains(r.Roles, "root") {
+			missing = append(missing, u)
+		}
+	}
+	return missing, nil
 }
 
 func alreadyGranted(err error) bool {

@@ -62,6 +62,7 @@ import (
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/leasepool"
 	"github.com/regcluster/registry/internal/metrics"
+	"github.com/regcluster/registry/internal/server"
 	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/internal/txnbatch"
 	"github.com/regcluster/registry/probe"
@@ -87,7 +88,8 @@ type Node struct {
 	commit  *txnbatch.Batcher  // Register's writes, group-committed
 	probe   *probe.Checker
 	mhttp   *http.Server
-	self    *selfListener // the HTTP API's way in when the API serves TLS, or nil
+	self    *selfListener     // the HTTP API's way in when the API serves TLS, or nil
+	forward *server.Forwarder // tells the gRPC API who called the HTTP API (web.go)
 	mlis    net.Listener
 
 	// life starts every long-lived part of the regnode and stops them,

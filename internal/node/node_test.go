@@ -157,6 +157,12 @@ func TestConfigValidate(t *testing.T) {
 // cluster; peerTLS, if not nil, gives each member's peer TLS (https peer
 // URLs).
 func startCluster(t *testing.T, names []string, peerTLS func(name string) tlsfiles.Server) ([]*node.Node, error) {
+	return startClusterWith(t, names, peerTLS, nil)
+}
+
+// startClusterWith is startCluster with mod, if not nil, applied to each
+// regnode's Config.
+func startClusterWith(t *testing.T, names []string, peerTLS func(name string) tlsfiles.Server, mod func(*node.Config)) ([]*node.Node, error) {
 	peers := map[string]string{}
 	clients := map[string]string{}
 	var initial []string
@@ -183,12 +189,16 @@ func startCluster(t *testing.T, names []string, peerTLS func(name string) tlsfil
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			nodes[i], errs[i] = node.Start(ctx, node.Config{
+			cfg := node.Config{
 				Listen: "127.0.0.1:0", MetricsListen: "off", Name: n, Logger: quiet, ShutdownGrace: 200 * time.Millisecond,
 				Embed: embedded.Config{Name: n, Dir: t.TempDir(), ListenClientURLs: []string{clients[n]},
 					ListenPeerURLs: []string{peers[n]}, InitialCluster: strings.Join(initial, ","), UnsafeNoFsync: true,
 					ReadyTimeout: 20 * time.Second, PeerTLS: pt},
-			})
+			}
+			if mod != nil {
+				mod(&cfg)
+			}
+			nodes[i], errs[i] = node.Start(ctx, cfg)
 		}()
 	}
 	wg.Wait()

@@ -239,9 +239,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.OperatorDeregister == "none" {
 		operator = server.NoOperator
 	}
+	// First: the HTTP API's calls are judged as its HTTP callers' (web.go).
+	n.forward = server.NewForwarder()
 	var (
-		unary    = []grpc.UnaryServerInterceptor{n.metrics.UnaryInterceptor()}
-		stream   = []grpc.StreamServerInterceptor{n.metrics.StreamInterceptor()}
+		unary    = []grpc.UnaryServerInterceptor{n.forward.Unary(), n.metrics.UnaryInterceptor()}
+		stream   = []grpc.StreamServerInterceptor{n.forward.Stream(), n.metrics.StreamInterceptor()}
 		limitKey func(context.Context) string
 		tokens   *server.Tokens
 	)

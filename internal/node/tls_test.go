@@ -664,3 +664,76 @@ func TestEmbeddedAuthGivenCredential(t *testing.T) {
 		}
 	}
 }
+
+// Three embedded members started together with EmbedAuth and no
+// credential of the operator's come up with etcd auth on at every member:
+// each regnode is an etcd user of its own (regnode-<name>, root role)
+// with its own generated password (0600), so none is locked out by
+// another turning auth on first; anonymous clients are refused
+// everywhere, and the regnodes serve.
+func TestEmbeddedAuthThreeMembers(t *testing.T) {
+	names := []string{"a1", "a2", "a3"}
+	var nodes []*node.Node
+	for attempt := 0; nodes == nil; attempt++ {
+		var err error
+		nodes, err = startClusterWith(t, names, nil, func(c *node.Config) {
+			c.EmbedAuth = true
+			c.Embed.BcryptCost = bcrypt.MinCost
+		})
+		if err != nil && (!etcdtest.AddrInUse(err) || attempt == 4) {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	passwords := map[string]bool{}
+	for i, n := range nodes {
+		url := "http://" + n.Embedded().Clients[0].Addr().String()
+		anon, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 15 * time.Second, Logger: etcdtest.QuietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = anon.Put(ctx, "/elsewhere", "x")
+		anon.Close()
+		if err == nil || !strings.Contains(err.Error(), "user name is empty") {
+			t.Fatalf("anonymous Put at %s: err = %v, want refused", names[i], err)
+		}
+		file := n.Embedded().Config().Dir + "/" + node.RootPasswordFile
+		fi, err := os.Stat(file)
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s's password file: %v, %v; want mode 600", names[i], fi, err)
+		}
+		pw, _ := os.ReadFile(file)
+		passwords[string(pw)] = true
+		own, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 15 * time.Second,
+			Username: "regnode-" + names[i], Password: strings.TrimSpace(string(pw)), Logger: etcdtest.QuietLogger()})
+		if err != nil {
+			t.Fatalf("etcd client as regnode-%s: %v", names[i], err)
+		}
+		_, err = own.Get(ctx, "/registry/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		own.Close()
+		if err != nil {
+			t.Fatalf("Get as regnode-%s: %v", names[i], err)
+		}
+	}
+	if len(passwords) != 3 {
+		t.Errorf("%d distinct generated passwords, want one per member", len(passwords))
+	}
+	r1, err := client.New(client.Config{Endpoints: []string{nodes[0].Addr()}, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+	reg, err := r1.API().Register(ctx, &registryv1.RegisterRequest{Instance: &registryv1.Instance{Service: "web", Id: "w-1", Address: "10.0.0.1:80"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3, err := client.New(client.Config{Endpoints: []string{nodes[2].Addr()}, Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r3.Close()
+	if g, err := r3.API().Get(ctx, &registryv1.GetRequest{Service: "web", Id: "w-1"}); err != nil || g.Instance.LeaseId != reg.LeaseId {
+		t.Fatalf("Get through a3: %v, %v", g, err)
+	}
+}

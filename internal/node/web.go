@@ -22,6 +22,13 @@ import (
 // token check) as any gRPC client. The connection is closed when the node starts
 // to stop, which also ends every SSE watch at once.
 //
+// Each call carries its HTTP caller's address (server.Forwarder), which
+// the gRPC API judges in place of this loopback connection's: the
+// operator rule (a Deregister without the secret from this host only,
+// without --auth), the per-peer limits and the audit line see the HTTP
+// caller. Registration, keepalive and the owner's deregistration over
+// HTTP follow the gRPC API's rules alone, as a gRPC client's would.
+//
 // Drain and undrain are allowed when the HTTP port listens on loopback
 // alone, or with --auth (each call then needs the caller's token, which
 // the HTTP API forwards from its Authorization header): without auth,
@@ -45,7 +52,10 @@ func (n *Node) mountWeb(ctx context.Context, mux *http.ServeMux) error {
 		return err
 	}
 	readOnly := !isLoopback(n.mlis.Addr()) && !n.cfg.Auth
-	api, err := httpapi.New(httpapi.Config{Conn: conn, ReadOnly: readOnly, Logger: n.log})
+	api, err := httpapi.New(httpapi.Config{Conn: conn, ReadOnly: readOnly, Logger: n.log,
+		Caller: func(ctx context.Context, r *http.Request) context.Context {
+			return n.forward.Outgoing(ctx, r.RemoteAddr)
+		}})
 	if err != nil {
 		return err
 	}
