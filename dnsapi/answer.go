@@ -131,7 +131,14 @@ func (s *Server) reply(req *dns.Msg, size int) (*dns.Msg, string) {
 	if len(m.Answer) == 0 {
 		m.Ns = append(m.Ns, s.soa(snap))
 	}
+	answers, authority := len(m.Answer), len(m.Ns)
 	m.Truncate(size)
+	if m.Truncated && len(m.Answer) == answers && len(m.Ns) == authority {
+		// Only additional records were left out: the answer is whole,
+		// and TC is not set for extra information (RFC 2181 §9); a
+		// target without its address here is asked for on its own.
+		m.Truncated = false
+	}
 	if m.Truncated {
 		result = ResultTruncated
 	}

@@ -183,3 +183,34 @@ func TestEDNS(t *testing.T) {
 		t.Fatalf("BADVERS reply does not pack: %v", err)
 	}
 }
+
+// An answer larger than the TCP bound keeps what fits in MaxTCPBytes and
+// sets TC; one whose additional records alone do not fit is whole and
+// does not.
+func TestTCPBound(t *testing.T) {
+	var ins []*registryv1.Instance
+	for i := range 2500 {
+		ins = append(ins, &registryv1.Instance{Service: "huge", Id: fmt.Sprint(i),
+			Address: fmt.Sprintf("[fd00::%x]:%d", i+1, 1000+i), Lifecycle: serving})
+		if i < 800 {
+			ins = append(ins, &registryv1.Instance{Service: "big", Id: fmt.Sprint(i),
+				Address: fmt.Sprintf("[fd00::%x]:%d", i+1, 1000+i), Lifecycle: serving})
+		}
+	}
+	s := testServer(t, ins...)
+	for _, tc := range []struct {
+		service   string
+		answers   int // 0: some, not all
+		truncated bool
+	}{{"huge", 0, true}, {"big", 800, false}} {
+		m, result := s.reply(new(dns.Msg).SetQuestion("_"+tc.service+"._tcp.service.registry.", dns.TypeSRV), MaxTCPBytes)
+		b, err := m.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) > MaxTCPBytes || len(b) < MaxTCPBytes-100 || m.Truncated != tc.truncated || (result == ResultTruncated) != tc.truncated ||
+			tc.answers == 0 && len(m.Answer) >= 2500 || tc.answers != 0 && (len(m.Answer) != tc.answers || len(m.Extra) >= tc.answers) {
+			t.Errorf("%s: %d bytes, %d answers, %d additional, TC %v (%s)", tc.service, len(b), len(m.Answer), len(m.Extra), m.Truncated, result)
+		}
+	}
+}

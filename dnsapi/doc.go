@@ -43,11 +43,14 @@
 //     share traffic as the SDK does; instances at the same address and
 //     port make one record with the sum of their weights.
 //   - Records are shuffled afresh for every answer.
-//   - Size: a reply never exceeds what the transport allows, and TC is set
-//     whenever a record was left out (miekg's Msg.Truncate): over UDP 512
-//     bytes without EDNS0, with EDNS0 the buffer size the query advertises
-//     (at least 512, at most Config.MaxUDPSize), the OPT record echoed;
-//     over TCP MaxTCPBytes (60,000).
+//   - Size: a reply never exceeds what the transport allows (miekg's
+//     Msg.Truncate): over UDP 512 bytes without EDNS0, with EDNS0 the
+//     buffer size the query advertises (at least 512, at most
+//     Config.MaxUDPSize), the OPT record echoed; over TCP MaxTCPBytes
+//     (60,000). TC is set whenever a record of the answer was left out
+//     (the client should ask again over TCP); additional records that do
+//     not fit are left out without TC (RFC 2181 §9), their targets
+//     resolvable on their own.
 //   - Abuse: each source IP may make Config.Rate queries a second (burst
 //     Config.Burst); past it a UDP query is dropped and a TCP connection
 //     closed, without a reply. Sources are tracked in at most
