@@ -67,16 +67,16 @@ type Config struct {
 	// View returns the registry as this regnode holds it in memory
 	// (required by New; typically a fan-out hub's Cache().Snapshot). No
 	// query reads etcd.
-	View func() *cache.Snapshot `json:"-"`
+	View func() *cache.Snapshot
 	// Ready, if not nil, is closed once View holds a complete view;
 	// until then every query inside Domain is answered SERVFAIL (not an
 	// NXDOMAIN a resolver would cache).
-	Ready <-chan struct{} `json:"-"`
+	Ready <-chan struct{}
 	// Logger (default slog.Default()).
-	Logger *slog.Logger `json:"-"`
+	Logger *slog.Logger
 	// OnQuery, if set, is called once per query with its result (one of
 	// Results), for metrics.
-	OnQuery func(result string) `json:"-"`
+	OnQuery func(result string)
 }
 
 // DefaultConfig is a Config with every default set; Listen and View are
