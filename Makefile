@@ -47,12 +47,13 @@ bench:
 	go run ./cmd/regbench all -short -json > bench.json
 	go test -run '^$$' -bench . -benchtime 3x -count 1 ./prober/
 
-## fuzz: each fuzz target (record's decoder and validators, the token parser and
-## the auth interceptor's metadata reading) for FUZZTIME, one after the other; a
-## crasher lands in <package>/testdata/fuzz/<Target>/: commit it as a seed
+## fuzz: each fuzz target (record's decoder and validators, the token parser,
+## the auth interceptor's metadata reading, the DNS query handler) for
+## FUZZTIME, one after the other; a crasher lands in
+## <package>/testdata/fuzz/<Target>/: commit it as a seed
 FUZZTIME ?= 20s
 FUZZ_TARGETS := ./record/:FuzzDecode ./record/:FuzzValidate ./record/:FuzzValidAddress ./record/:FuzzUnmarshal \
-	./internal/token/:FuzzParse ./internal/token/:FuzzFromIncoming
+	./internal/token/:FuzzParse ./internal/token/:FuzzFromIncoming ./dnsapi/:FuzzServeDNS
 fuzz:
 	@for pt in $(FUZZ_TARGETS); do \
 		p=$${pt%%:*}; t=$${pt##*:}; \

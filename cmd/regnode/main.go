@@ -9,8 +9,9 @@
 // (etcd's flags and meanings); a listener on a non-loopback address without
 // TLS is refused (exit 2) unless --insecure says so. --auth requires a
 // scoped token on every call (and, on an embedded member, turns etcd's own
-// auth on unless --etcd-server-auth=false); the first start writes an admin token to a
-// file (its path, never the token, is logged).
+// auth on unless --etcd-server-auth=false); the first start writes an admin
+// token to a file (its path, never the token, is logged). --dns-listen
+// serves the registry over DNS as well (package dnsapi).
 package main
 
 import (
@@ -62,6 +63,10 @@ var flagOf = map[string]string{
 	"MaxResponseBytes":         "--max-response-bytes",
 	"OperatorDeregister":       "--operator-deregister",
 	"Embed.ClusterState":       "--initial-cluster-state",
+	"DNS.Listen":               "--dns-listen",
+	"DNS.Domain":               "--dns-domain",
+	"DNS.TTL":                  "--dns-ttl",
+	"DNS.Rate":                 "--dns-rate",
 }
 
 // withFlag prefixes a refusal of a Config field with its flag:
@@ -129,6 +134,9 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 			if err := cfg.Validate(); err != nil {
 				return usageError{withFlag(err)}
 			}
+			if err := dnsFlags(cfg); err != nil {
+				return usageError{withFlag(err)}
+			}
 			return serve(cmd.Context(), cfg)
 		},
 	}
@@ -177,6 +185,11 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, fmt.Sprintf("largest message a client may send to the API (at least %d; larger: ResourceExhausted)", node.MinRequestBytes))
 	f.IntVar(&cfg.MaxResponseBytes, "max-response-bytes", cfg.MaxResponseBytes, fmt.Sprintf("largest message the API sends (at least %d; List pages and Watch chunks are about 1 MiB)", node.MinResponseBytes))
 	f.BoolVar(&groupCommit, "group-commit", true, "commit concurrent Registers as one etcd transaction, each with its own compares and lease (--group-commit=false: one transaction each)")
+	// DNS (package dnsapi): off unless --dns-listen.
+	f.StringVar(&cfg.DNS.Listen, "dns-listen", "", "serve the registry over DNS on this host:port, UDP and TCP (off unless given; a non-loopback address needs --insecure)")
+	f.StringVar(&cfg.DNS.Domain, "dns-domain", cfg.DNS.Domain, "DNS zone served: S.service.<domain> A/AAAA, _S._tcp.service.<domain> SRV, Z.S.service.<domain> for zone Z")
+	f.DurationVar(&cfg.DNS.TTL, "dns-ttl", cfg.DNS.TTL, "TTL of DNS records and of negative answers (whole seconds, 1s..1h)")
+	f.Float64Var(&cfg.DNS.Rate, "dns-rate", cfg.DNS.Rate, "DNS queries per second per source IP address (burst: one second's worth); past it queries are dropped")
 	f.StringVar(&cfg.OperatorDeregister, "operator-deregister", cfg.OperatorDeregister, "who may deregister without the registration's secret: loopback (callers on this host) or none")
 	// TLS of the API and the HTTP port: etcd's names and meanings.
 	f.StringVar(&cfg.TLS.CertFile, "cert-file", "", "serve the API and the metrics port over TLS with this certificate (PEM; re-read when it changes)")
@@ -236,7 +249,7 @@ func serve(ctx context.Context, cfg node.Config) error {
 		}
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "regnode %s: registry API on %s, metrics on %s\n", n.Name(), n.Addr(), orOff(n.MetricsAddr()))
+	fmt.Fprintf(os.Stderr, "regnode %s: registry API on %s, metrics on %s, DNS on %s\n", n.Name(), n.Addr(), orOff(n.MetricsAddr()), orOff(n.DNSAddr()))
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -248,6 +261,18 @@ func serve(ctx context.Context, cfg node.Config) error {
 		runErr = err
 	}
 	return runErr
+}
+
+// dnsFlags refuses a bad --dns-domain, --dns-ttl or --dns-rate even
+// without --dns-listen (node.Config.Validate checks them only when DNS is
+// on), so a typo does not wait for the day DNS is turned on.
+func dnsFlags(cfg node.Config) error {
+	if cfg.DNS.Listen != "" {
+		return nil // checked by Validate
+	}
+	d := cfg.DNS
+	d.Listen = "127.0.0.1:0"
+	return configerr.Within(node.ErrInvalidConfig, "node", "DNS", d.Validate())
 }
 
 func orOff(s string) string {

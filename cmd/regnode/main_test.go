@@ -223,6 +223,12 @@ func TestBadConfigurationExits2(t *testing.T) {
 		{"unspecified advertise address", map[string]string{"REGNODE_ADVERTISE_ADDRESS": "0.0.0.0:7400"}, nil, `--advertise-address: node: Config.AdvertiseAddress must be host:port that other regnodes can dial: a DNS name or an IP address that is not unspecified, and a port of 1..65535, got "0.0.0.0:7400"`},
 		{"advertise port 0", nil, []string{"--advertise-address", "127.0.0.1:0"}, `got "127.0.0.1:0"`},
 		{"advertise host not a name", nil, []string{"--advertise-address", "bad_host:7400"}, `got "bad_host:7400"`},
+		{"dns listen not host:port", nil, []string{"--dns-listen", "8600"}, `--dns-listen: node: Config.DNS.Listen must be host:port, got "8600"`},
+		{"dns listen off loopback", nil, []string{"--dns-listen", "0.0.0.0:8600"}, "--dns-listen 0.0.0.0:8600 is not a loopback address"},
+		{"zero dns ttl", nil, []string{"--dns-listen", "127.0.0.1:0", "--dns-ttl", "0s"}, "--dns-ttl: node: Config.DNS.TTL must be whole seconds within 1s..1h0m0s, got 0s"},
+		{"bad env dns ttl without dns", map[string]string{"REGNODE_DNS_TTL": "500ms"}, nil, "--dns-ttl: node: Config.DNS.TTL must be whole seconds"},
+		{"zero dns rate", map[string]string{"REGNODE_DNS_RATE": "0"}, []string{"--dns-listen", "127.0.0.1:0"}, "--dns-rate: node: Config.DNS.Rate must be > 0"},
+		{"bad dns domain", nil, []string{"--dns-domain", "a..b"}, `--dns-domain: node: Config.DNS.Domain must be a domain name`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.env, tc.args...)

@@ -46,6 +46,7 @@ type Metrics struct {
 	RequestSeconds     *prometheus.HistogramVec // by method
 	Limited            *prometheus.CounterVec   // calls refused by a per-peer limit, by limit
 	NotOwner           *prometheus.CounterVec   // calls refused for want of the registration's secret, by method
+	DNSQueries         *prometheus.CounterVec   // DNS queries (--dns-listen), by result (package dnsapi's Results)
 }
 
 // New creates the metrics on a fresh registry that also carries the Go
@@ -81,10 +82,11 @@ func New() *Metrics {
 		RequestSeconds:     prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "registry_request_seconds", Help: "Latency of unary API calls.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"method"}),
 		Limited:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_limited_total", Help: "Calls refused with ResourceExhausted by a per-peer limit, by limit (write_rate, keepalive_rate, streams)."}, []string{"limit"}),
 		NotOwner:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_not_owner_total", Help: "KeepAlive and Deregister calls refused with PermissionDenied: no or another registration secret, by method."}, []string{"method"}),
+		DNSQueries:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_dns_queries_total", Help: "DNS queries (--dns-listen), by result: answer, truncated, nodata, nxdomain, refused, servfail, formerr, notimp, badvers; malformed and ratelimited were dropped unanswered."}, []string{"result"}),
 	}
 	r.MustRegister(m.Limited, m.NotOwner, m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
 		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.Acks, m.AckRequests, m.ResetsSent, m.WatchRestarts, m.StaleBatches,
-		m.Probes, m.ProbeSeconds, m.Transitions, m.FenceRejections, m.LeaderChanges, m.Leading, m.Requests, m.RequestSeconds)
+		m.Probes, m.ProbeSeconds, m.Transitions, m.FenceRejections, m.LeaderChanges, m.Leading, m.Requests, m.RequestSeconds, m.DNSQueries)
 	return m
 }
 

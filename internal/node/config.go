@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/regcluster/registry/dnsapi"
 	"github.com/regcluster/registry/health"
 	"github.com/regcluster/registry/internal/chunk"
 	"github.com/regcluster/registry/internal/configerr"
@@ -138,6 +139,14 @@ type Config struct {
 	// AdminTokenFile is where the first admin token is written (default
 	// <data dir>/admin-token, with an external etcd too).
 	AdminTokenFile string
+	// DNS serves the registry over DNS (package dnsapi) when DNS.Listen
+	// is set (--dns-listen; off by default), from the fan-out's view.
+	// Its other fields are --dns-domain, --dns-ttl and --dns-rate; they
+	// are checked only when DNS.Listen is set, and a zero one is refused,
+	// not defaulted: start from DefaultConfig (whose DNS is
+	// dnsapi.DefaultConfig()). Its View, Ready, Logger and OnQuery are
+	// the node's own.
+	DNS dnsapi.Config
 }
 
 // Keepalive on the API. A subscriber whose machine vanished (or whose
@@ -200,6 +209,8 @@ func DefaultConfig() Config {
 		MaxResponseBytes:     DefaultMaxResponseBytes,
 
 		OperatorDeregister: "loopback",
+
+		DNS: dnsapi.DefaultConfig(),
 	}
 }
 
@@ -266,6 +277,11 @@ func (c *Config) Validate() error {
 	}
 	if s := c.Embed.ClusterState; s != "" && s != "new" && s != "existing" {
 		return invalid("Embed.ClusterState", s, `must be "new" or "existing"`)
+	}
+	if c.DNS.Listen != "" {
+		if err := c.DNS.Validate(); err != nil {
+			return configerr.Within(ErrInvalidConfig, "node", "DNS", err)
+		}
 	}
 	return c.validateSecurity()
 }

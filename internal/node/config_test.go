@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/regcluster/registry/dnsapi"
 	"github.com/regcluster/registry/internal/configerr/configtest"
 	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/peerlimit"
@@ -66,6 +67,21 @@ func TestConfigValidateFields(t *testing.T) {
 		bad("OperatorDeregister anyone", "OperatorDeregister", func(c *C) { c.OperatorDeregister = "anyone" }),
 		ok("Embed.ClusterState existing", func(c *C) { c.Embed.ClusterState = "existing" }),
 		bad("Embed.ClusterState maybe", "Embed.ClusterState", func(c *C) { c.Embed.ClusterState = "maybe" }),
+		ok("DNS on loopback", func(c *C) { c.DNS.Listen = "127.0.0.1:8600" }),
+		ok("DNS off: its other fields unchecked", func(c *C) { c.DNS = dnsapi.Config{} }),
+		bad("DNS.Listen not host:port", "DNS.Listen", func(c *C) { c.DNS.Listen = "8600" }),
+		bad("DNS.Listen port by name", "DNS.Listen", func(c *C) { c.DNS.Listen = "127.0.0.1:domain" }),
+		bad("DNS.Domain the root", "DNS.Domain", func(c *C) { c.DNS.Listen, c.DNS.Domain = "127.0.0.1:0", "." }),
+		bad("DNS.Domain not a name", "DNS.Domain", func(c *C) { c.DNS.Listen, c.DNS.Domain = "127.0.0.1:0", "a..b" }),
+		ok("DNS.Domain without the dot", func(c *C) { c.DNS.Listen, c.DNS.Domain = "127.0.0.1:0", "Consul" }),
+		bad("DNS.TTL 0", "DNS.TTL", func(c *C) { c.DNS.Listen, c.DNS.TTL = "127.0.0.1:0", 0 }),
+		bad("DNS.TTL 1500ms", "DNS.TTL", func(c *C) { c.DNS.Listen, c.DNS.TTL = "127.0.0.1:0", 1500*time.Millisecond }),
+		ok("DNS.TTL 1h", func(c *C) { c.DNS.Listen, c.DNS.TTL = "127.0.0.1:0", time.Hour }),
+		bad("DNS.TTL above 1h", "DNS.TTL", func(c *C) { c.DNS.Listen, c.DNS.TTL = "127.0.0.1:0", time.Hour+time.Second }),
+		bad("DNS.Rate 0", "DNS.Rate", func(c *C) { c.DNS.Listen, c.DNS.Rate = "127.0.0.1:0", 0 }),
+		bad("DNS.Rate -1", "DNS.Rate", func(c *C) { c.DNS.Listen, c.DNS.Rate = "127.0.0.1:0", -1 }),
+		bad("DNS.MaxUDPSize 511", "DNS.MaxUDPSize", func(c *C) { c.DNS.Listen, c.DNS.MaxUDPSize = "127.0.0.1:0", 511 }),
+		bad("DNS.MaxSources 1", "DNS.MaxSources", func(c *C) { c.DNS.Listen, c.DNS.MaxSources = "127.0.0.1:0", 1 }),
 	})
 	c := node.DefaultConfig()
 	c.Limits.WriteBurst = 0

@@ -9,7 +9,8 @@
 // stop.go, Close and the servers' drain; prober.go, the prober's wiring
 // (probe checker, prober, election); peers.go, the announcement; auth.go,
 // etcdauth.go, security.go and self.go, tokens, etcd credentials and TLS;
-// limits.go, the API's limits; web.go, the HTTP API and the dashboard.
+// limits.go, the API's limits; web.go, the HTTP API and the dashboard;
+// dns.go, DNS (package dnsapi).
 //
 // # Stopping
 //
@@ -33,7 +34,8 @@
 //  2. Health turns NOT_SERVING (last started, so first in turn): health
 //     checkers move away while the API still answers.
 //  3. The HTTP server shuts down (ShutdownGrace), before the gRPC API its
-//     JSON API calls; then the gRPC API: calls in flight get ShutdownGrace,
+//     JSON API calls; then DNS (queries in flight answered, connections
+//     closed); then the gRPC API: calls in flight get ShutdownGrace,
 //     then streams still open (KeepAlive) are closed.
 //  4. What served those calls, now idle: the registration sweeper; the
 //     announcement's and the election's goroutines (they return once
@@ -58,6 +60,7 @@ import (
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 
+	"github.com/regcluster/registry/dnsapi"
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/fanout"
 	"github.com/regcluster/registry/internal/leasepool"
@@ -91,6 +94,7 @@ type Node struct {
 	self    *selfListener     // the HTTP API's way in when the API serves TLS, or nil
 	forward *server.Forwarder // tells the gRPC API who called the HTTP API (web.go)
 	mlis    net.Listener
+	dns     *dnsapi.Server // nil unless DNS.Listen is set
 
 	// life starts every long-lived part of the regnode and stops them,
 	// in the order Close states; up says Start finished.

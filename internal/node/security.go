@@ -60,6 +60,11 @@ func (c *Config) validateSecurity() error {
 			return open("metrics-listen", c.MetricsListen)
 		}
 	}
+	if c.DNS.Listen != "" && !loopbackHostPort(c.DNS.Listen) {
+		// DNS has no TLS and no tokens, whatever the API has.
+		return fmt.Errorf("%w: --dns-listen %s is not a loopback address, and DNS has neither TLS nor tokens: "+
+			"whoever reaches it reads every service's routable addresses; pass --insecure to serve it anyway", ErrInsecureListener, c.DNS.Listen)
+	}
 	if len(c.EtcdEndpoints) == 0 {
 		for _, u := range c.Embed.ListenClientURLs {
 			if p, err := url.Parse(u); err == nil && p.Scheme == "http" && !loopbackHostPort(p.Host) {

@@ -88,6 +88,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			return nil, err
 		}
 	}
+	if cfg.DNS.Listen != "" {
+		if err := dnsPortFree(cfg.DNS.Listen); err != nil {
+			return nil, err
+		}
+	}
 
 	if len(endpoints) == 0 {
 		if cfg.Embed.Logger == nil {
@@ -318,6 +323,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err = n.life.Start(ctx, stopper.Component{Name: "API server", Run: n.serveAPI}); err != nil {
 		return nil, err
 	}
+	if err = n.startDNS(ctx); err != nil { // dns.go
+		return nil, err
+	}
 
 	if cfg.MetricsListen != "off" {
 		if n.mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
@@ -358,7 +366,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.etcd == nil {
 		mode = "external etcd " + strings.Join(endpoints, ",")
 	}
-	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "advertise", advertise, "metrics", n.MetricsAddr(),
+	n.log.Info("regnode serving", "node", cfg.Name, "api", n.Addr(), "advertise", advertise, "metrics", n.MetricsAddr(), "dns", n.DNSAddr(),
 		"tls", cfg.TLS.Enabled(), "client_cert_auth", cfg.TLS.TrustedCAFile != "", "auth", cfg.Auth,
 		"etcd", mode, "prefix", cfg.Prefix)
 	n.up = true

@@ -253,6 +253,11 @@ func TestInsecureListenerRefused(t *testing.T) {
 		{"metrics", func(c *node.Config) { c.MetricsListen = "192.0.2.1:7401" }, "--metrics-listen 192.0.2.1:7401"},
 		{"etcd client", func(c *node.Config) { c.Embed.ListenClientURLs = []string{"http://0.0.0.0:2379"} }, "--listen-client-urls http://0.0.0.0:2379"},
 		{"etcd peer", func(c *node.Config) { c.Embed.ListenPeerURLs = []string{"http://10.1.2.3:2380"} }, "--listen-peer-urls http://10.1.2.3:2380"},
+		// DNS has no TLS: a certificate for the API does not make it private.
+		{"dns", func(c *node.Config) { c.DNS.Listen = "0.0.0.0:8600" }, "--dns-listen 0.0.0.0:8600"},
+		{"dns beside TLS", func(c *node.Config) {
+			c.DNS.Listen, c.TLS = "[::]:8600", tlsfiles.Server{CertFile: "c.pem", KeyFile: "k.pem"}
+		}, "--dns-listen [::]:8600"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := node.DefaultConfig()
@@ -279,7 +284,7 @@ func TestInsecureListenerRefused(t *testing.T) {
 		t.Fatalf("non-loopback with TLS: %v", err)
 	}
 	cfg = node.DefaultConfig()
-	cfg.Listen, cfg.MetricsListen = "localhost:7400", "[::1]:7401"
+	cfg.Listen, cfg.MetricsListen, cfg.DNS.Listen = "localhost:7400", "[::1]:7401", "127.0.0.1:8600"
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("loopback without TLS: %v", err)
 	}
