@@ -678,6 +678,12 @@ func (h *Hub) WaitRevision(ctx context.Context, rev int64) (*cache.Snapshot, str
 	}
 }
 
+// Changed returns a channel closed when the hub next publishes a tick:
+// a transaction applied to its cache, or etcd's progress. A consumer that
+// reads the cache as a whole (the xDS server) waits on it instead of
+// subscribing: it is no subscriber, so it is not counted as one.
+func (h *Hub) Changed() <-chan struct{} { return h.tick.Load().changed }
+
 // Subscribers is the number of subscribers.
 func (h *Hub) Subscribers() int {
 	h.mu.Lock()

@@ -34,6 +34,7 @@ import (
 	"github.com/regcluster/registry/internal/zapslog"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/store"
+	"github.com/regcluster/registry/xds"
 )
 
 // Start brings a regnode up and returns once its API accepts calls.
@@ -318,6 +319,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
 	reflection.Register(n.grpc)
+	// xDS for every language, fed by the fan-out; quiesced with it, so
+	// xDS clients move to another regnode while this one drains.
+	xs, err := xds.New(xds.Config{Hub: n.hub, Logger: n.log, Registerer: n.metrics.Registry})
+	if err != nil {
+		return nil, err
+	}
+	xs.Register(n.grpc)
+	if err = n.life.Start(ctx, stopper.Component{Name: "xDS", Run: xs.Run, Quiesce: true}); err != nil {
+		return nil, err
+	}
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	n.health.SetServingStatus(registryv1.Registry_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	if err = n.life.Start(ctx, stopper.Component{Name: "API server", Run: n.serveAPI}); err != nil {

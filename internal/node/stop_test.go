@@ -26,7 +26,7 @@ import (
 // the order whose reverse is Close's (see the package doc): the API and
 // health last, so they stop first; the lease pool, the etcd client, the
 // member and the data dir first, so they close last; the announcement, the
-// election, the hub and the HTTP API's connection quiesced. Close twice is
+// election, the hub, xDS and the HTTP API's connection quiesced. Close twice is
 // safe and leaves nothing running (goleak in TestMain).
 // The zero Config is what regnode runs: the txn batcher (group commit) is
 // among its parts.
@@ -37,7 +37,7 @@ func TestStopperOwnsEveryPart(t *testing.T) {
 		"lease renewer", "lease pool", "txn batcher",
 		"fan-out (quiesce)", "probe checker", "prober election (quiesce)",
 		"token cache", "API listener", "announcement (quiesce)",
-		"registration sweeper", "API server",
+		"registration sweeper", "xDS (quiesce)", "API server",
 		"metrics listener", "HTTP API's connection (quiesce)", "metrics server",
 		"health",
 	}

@@ -197,6 +197,9 @@ var errTokenGone = errors.New("token revoked or expired")
 // Watch at once, a KeepAlive at its next request (its context is gone).
 func (a *Auth) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if strings.HasPrefix(info.FullMethod, xdsService) {
+			return a.xds(srv, ss, handler)
+		}
 		method := registryMethod(info.FullMethod)
 		if method == "" {
 			return handler(srv, ss)
@@ -232,6 +235,24 @@ func (a *Auth) Stream() grpc.StreamServerInterceptor {
 		}
 		return err
 	}
+}
+
+// xdsService is the prefix of the xDS streams' methods (package xds).
+const xdsService = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
+
+// xds checks an xDS stream: an xDS client is served the resources of
+// every service, so its token needs read on every service ("" scope
+// all); a narrower token is refused, never served a part.
+func (a *Auth) xds(srv any, ss grpc.ServerStream, handler grpc.StreamHandler) error {
+	const method = "xDS"
+	r, err := a.authenticate(ss.Context(), method)
+	if err != nil {
+		return err
+	}
+	if err := a.cache.Authorize(r, token.Watch, ""); err != nil {
+		return a.refuse(ss.Context(), method, err)
+	}
+	return handler(srv, ss)
 }
 
 type authStream struct {

@@ -1,0 +1,357 @@
+// Package xds serves the registry's view to every language over Envoy's
+// xDS: the Aggregated Discovery Service, state of the world (what gRPC's
+// xDS clients speak, gRFC A27) and incremental (what Envoy prefers), on
+// go-control-plane's server. For each service S it serves Listener S,
+// RouteConfiguration S, Cluster S and ClusterLoadAssignment S, so that
+// grpc.NewClient("xds:///S") in Go, Java, C++, Python or Node needs
+// nothing but a bootstrap file.
+//
+// What it guarantees:
+//   - It is fed by the regnode's fan-out (one subscription of every
+//     service to the hub, no etcd watch of its own); changes within
+//     Config.Coalesce are served as one version.
+//   - What a client may call is what the SDK would route to (offer in
+//     resources.go): routable instances, DEGRADED at reduced weight,
+//     DRAINING sent as DRAINING until the instance leaves, UNAVAILABLE
+//     and STARTING never, and the SDK's panic rule applied here.
+//   - Registry weights hold in every gRPC language: each instance is a
+//     locality weighted by its weight (gRPC weighs localities, not
+//     endpoints). A client whose bootstrap names a zone prefers that
+//     zone's instances by priority while one is usable.
+//   - Each resource variant is encoded once per version however many
+//     streams receive it (go-control-plane's LinearCache memoizes the
+//     encoding), and versions carry a prefix random to this process, so
+//     they never repeat across regnodes or restarts.
+//   - A service that does not exist is absent from the answer (gRPC
+//     clients then report it does not exist), never an error that ends
+//     the stream.
+//
+// Why LinearCaches and not go-control-plane's SnapshotCache: with ADS, a
+// SnapshotCache answers only once a client names every resource of the
+// snapshot, so a gRPC client naming one service is never answered
+// (grpc-go #5131); LinearCaches answer per resource.
+package xds
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/internal/fanout"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+)
+
+// Config configures a Server. Zero fields take DefaultConfig's values.
+type Config struct {
+	// Hub is the regnode's fan-out: the Server follows every service
+	// through it (required).
+	Hub *fanout.Hub
+	// Coalesce is how long a change waits for the ones after it before
+	// the batch is served as one version (default 20ms).
+	Coalesce time.Duration
+	// PanicThresholdPercent: below this share of routable instances
+	// (of those neither draining nor starting) every such instance is
+	// offered, as the SDK's panic mode does (default 50; the SDK's).
+	PanicThresholdPercent int
+	// Logger (nil: slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the Server's metrics (nil: none).
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig is the Config a zero one runs with.
+func DefaultConfig() Config {
+	return Config{Coalesce: 20 * time.Millisecond, PanicThresholdPercent: 50}
+}
+
+// Validate reports a Config that cannot work: no Hub, a negative
+// Coalesce, a panic threshold outside 0..100.
+func (c Config) Validate() error {
+	switch {
+	case c.Hub == nil:
+		return errors.New("xds: Config.Hub is required")
+	case c.Coalesce < 0:
+		return fmt.Errorf("xds: Config.Coalesce must be >= 0, got %s", c.Coalesce)
+	case c.PanicThresholdPercent < 0 || c.PanicThresholdPercent > 100:
+		return fmt.Errorf("xds: Config.PanicThresholdPercent must be 0..100, got %d", c.PanicThresholdPercent)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Coalesce == 0 {
+		c.Coalesce = d.Coalesce
+	}
+	if c.PanicThresholdPercent == 0 {
+		c.PanicThresholdPercent = d.PanicThresholdPercent
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Server serves ADS from the regnode's view. Register it on a gRPC
+// server, and Run it for as long as it serves.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	caches *caches
+	ads    serverv3.Server
+	m      *metrics
+	ctx    context.Context // the xDS streams' life: ends when Run returns
+	cancel context.CancelFunc
+
+	prefix string // versions' prefix: random to this process
+
+	// mu serializes builds and guards what they read and write.
+	mu       sync.Mutex
+	built    map[string]*built // by service: what the caches hold
+	variants map[variant]*cachev3.LinearCache
+	zones    int // variants with a zone
+}
+
+// built is one service as last served.
+type built struct {
+	insts  []*registryv1.Instance // the records it was built from (pointers compared)
+	offers []offered
+	panic  bool
+}
+
+// New returns a Server of cfg; nothing runs until Run.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	var nonce [6]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return nil, fmt.Errorf("xds: version prefix: %w", err)
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), prefix: hex.EncodeToString(nonce[:]) + "-",
+		built: map[string]*built{}, variants: map[variant]*cachev3.LinearCache{}}
+	s.m = newMetrics(cfg.Registerer)
+	s.caches = newCaches(s.prefix, s.assignments)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.ads = serverv3.NewServer(s.ctx, s.caches, s.callbacks())
+	return s, nil
+}
+
+// Register serves the Aggregated Discovery Service on g.
+func (s *Server) Register(g *grpc.Server) {
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, s.ads)
+}
+
+// Run follows the hub and serves each change until ctx ends; then every
+// xDS stream ends. It reads the hub's cache as a whole each time the hub
+// moves (it is no subscriber of the hub): changes that come within
+// Config.Coalesce of the first are built as one version.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.cancel()
+	select {
+	case <-s.cfg.Hub.Ready():
+	case <-ctx.Done():
+		return nil
+	}
+	t := time.NewTimer(0)
+	<-t.C
+	var last *cache.Snapshot
+	for {
+		changed := s.cfg.Hub.Changed() // before the read: no change falls between
+		if snap := s.cfg.Hub.Cache().Snapshot(); snap != last {
+			s.rebuild(snap)
+			last = snap
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+		t.Reset(s.cfg.Coalesce)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// rebuild serves snap: every service whose records changed since the
+// last build gets new resources, every service gone loses them.
+func (s *Server) rebuild(snap *cache.Snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := time.Now()
+	shared := map[string]types.Resource{} // listeners... of new services
+	var sharedGone []string
+	changed := map[string]*built{}
+	seen := map[string]bool{}
+	for _, svc := range snap.Services() {
+		seen[svc] = true
+		insts := snap.Instances(svc)
+		old := s.built[svc]
+		if old != nil && slices.Equal(old.insts, insts) {
+			continue
+		}
+		b := &built{insts: insts}
+		b.offers, b.panic = offer(insts, s.cfg.PanicThresholdPercent)
+		s.panicChange(svc, old, b)
+		s.built[svc] = b
+		changed[svc] = b
+		if old == nil {
+			shared[svc] = nil
+		}
+	}
+	for svc, old := range s.built {
+		if !seen[svc] {
+			s.panicChange(svc, old, nil)
+			delete(s.built, svc)
+			sharedGone = append(sharedGone, svc)
+		}
+	}
+	if len(changed) == 0 && len(sharedGone) == 0 {
+		return
+	}
+	s.updateShared(shared, sharedGone)
+	for v, lc := range s.variants {
+		up := make(map[string]types.Resource, len(changed))
+		for svc, b := range changed {
+			up[svc] = assignment(svc, b.offers, v)
+		}
+		if err := lc.UpdateResources(up, sharedGone); err != nil {
+			s.log.Error("assignments not updated", "variant", v.String(), "err", err)
+		}
+	}
+	s.m.builds.Inc()
+	s.m.buildSeconds.Observe(time.Since(start).Seconds())
+}
+
+// updateShared adds the listener, route and cluster of each new service
+// and removes those of the services gone.
+func (s *Server) updateShared(added map[string]types.Resource, gone []string) {
+	ls, rs, cs := map[string]types.Resource{}, map[string]types.Resource{}, map[string]types.Resource{}
+	for svc := range added {
+		l, err := listener(svc)
+		if err != nil {
+			s.log.Error("listener not built", "service", svc, "err", err)
+			continue
+		}
+		ls[svc], rs[svc], cs[svc] = l, route(svc), cluster(svc)
+	}
+	for _, u := range []struct {
+		lc  *cachev3.LinearCache
+		res map[string]types.Resource
+	}{{s.caches.listeners, ls}, {s.caches.routes, rs}, {s.caches.clusters, cs}} {
+		if len(u.res) == 0 && len(gone) == 0 {
+			continue
+		}
+		if err := u.lc.UpdateResources(u.res, gone); err != nil {
+			s.log.Error("resources not updated", "err", err)
+		}
+	}
+}
+
+// assignments is the variant's cache of ClusterLoadAssignments, made and
+// filled with every service as last built when its first client asks:
+// under mu, so no build falls between the fill and its first update.
+func (s *Server) assignments(v variant) *cachev3.LinearCache {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if lc := s.variants[v]; lc != nil {
+		return lc
+	}
+	if v.zone != "" && s.zones >= maxZoneVariants {
+		v.zone = ""
+		if lc := s.variants[v]; lc != nil {
+			return lc
+		}
+	}
+	res := make(map[string]types.Resource, len(s.built))
+	for svc, b := range s.built {
+		res[svc] = assignment(svc, b.offers, v)
+	}
+	lc := cachev3.NewLinearCache(resourcev3.EndpointType, cachev3.WithVersionPrefix(s.prefix), cachev3.WithInitialResources(res))
+	s.variants[v] = lc
+	if v.zone != "" {
+		s.zones++
+	}
+	s.m.variants.Inc()
+	return lc
+}
+
+// panicChange logs and counts a service entering or leaving panic.
+func (s *Server) panicChange(svc string, old, now *built) {
+	was, is := old != nil && old.panic, now != nil && now.panic
+	switch {
+	case is && !was:
+		s.m.panics.Inc()
+		s.m.panicking.Inc()
+		s.log.Warn("panic: too few routable instances, xDS clients are offered every instance not draining or starting",
+			"service", svc, "threshold_percent", s.cfg.PanicThresholdPercent)
+	case was && !is:
+		s.m.panicking.Dec()
+		s.log.Info("panic over: enough routable instances", "service", svc)
+	}
+}
+
+// callbacks count streams, ACKs and NACKs, and log each NACK with the
+// client's error (the client keeps its last good version).
+func (s *Server) callbacks() serverv3.Callbacks {
+	nack := func(n *corev3.Node, typeURL, version, detail string) {
+		s.m.requests.WithLabelValues("nack").Inc()
+		s.log.Warn("an xDS client refused a version (NACK); it keeps its last good one",
+			"node", n.GetId(), "user_agent", n.GetUserAgentName(), "type", typeURL, "version", version, "error", detail)
+	}
+	return serverv3.CallbackFuncs{
+		StreamOpenFunc:        func(context.Context, int64, string) error { s.m.streams.WithLabelValues("sotw").Inc(); return nil },
+		StreamClosedFunc:      func(int64, *corev3.Node) { s.m.streams.WithLabelValues("sotw").Dec() },
+		DeltaStreamOpenFunc:   func(context.Context, int64, string) error { s.m.streams.WithLabelValues("delta").Inc(); return nil },
+		DeltaStreamClosedFunc: func(int64, *corev3.Node) { s.m.streams.WithLabelValues("delta").Dec() },
+		StreamRequestFunc: func(_ int64, r *discoverygrpc.DiscoveryRequest) error {
+			switch {
+			case r.GetErrorDetail() != nil:
+				nack(r.GetNode(), r.GetTypeUrl(), r.GetVersionInfo(), r.GetErrorDetail().GetMessage())
+			case r.GetResponseNonce() != "":
+				s.m.requests.WithLabelValues("ack").Inc()
+			default:
+				s.m.requests.WithLabelValues("request").Inc()
+			}
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, r *discoverygrpc.DiscoveryResponse) {
+			s.m.pushes.WithLabelValues("sotw").Inc()
+		},
+		StreamDeltaRequestFunc: func(_ int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
+			switch {
+			case r.GetErrorDetail() != nil:
+				nack(r.GetNode(), r.GetTypeUrl(), "", r.GetErrorDetail().GetMessage())
+			case r.GetResponseNonce() != "":
+				s.m.requests.WithLabelValues("ack").Inc()
+			default:
+				s.m.requests.WithLabelValues("request").Inc()
+			}
+			return nil
+		},
+		StreamDeltaResponseFunc: func(int64, *discoverygrpc.DeltaDiscoveryRequest, *discoverygrpc.DeltaDiscoveryResponse) {
+			s.m.pushes.WithLabelValues("delta").Inc()
+		},
+	}
+}
