@@ -229,20 +229,22 @@ func TestGRPCXDSClientFollowsTheRegistry(t *testing.T) {
 		t.Fatalf("zone zb client: calls %v -> %v, want all 200 on b2", before, after)
 	}
 
-	// Drained: b2 gets no new call from either client, and the zone
-	// client fails over to the other zone.
-	if _, err := api.Drain(ctx, &registryv1.DrainRequest{Service: "orders", Id: "b2"}); err != nil {
+	// Drained: a drain waits for both xDS clients' ACKs (WaitApplied, what
+	// regctl drain --wait and Registration.Close call), and once they
+	// acknowledged it b2 gets no new call from either; the zone client
+	// fails over to the other zone.
+	dr, err := api.Drain(ctx, &registryv1.DrainRequest{Service: "orders", Id: "b2"})
+	if err != nil {
 		t.Fatal(err)
 	}
+	wa, err := api.WaitApplied(ctx, &registryv1.WaitAppliedRequest{Service: "orders", Revision: dr.Revision, Timeout: durationpb.New(30 * time.Second)})
+	if err != nil || !wa.Done || wa.XdsClients != 2 || wa.XdsPending != 0 {
+		t.Fatalf("WaitApplied for the drain: %v, %v; want done with 2 xDS clients", wa, err)
+	}
 	for _, cl := range []func(int) childReport{call, zcall} {
-		waitFor(t, 30*time.Second, "the drain applied", func() bool {
-			b2 := bs[2].calls.Load()
-			cl(20)
-			return bs[2].calls.Load() == b2
-		})
 		b2 := bs[2].calls.Load()
 		if r := cl(200); r.Failed != 0 || bs[2].calls.Load() != b2 {
-			t.Fatalf("after the drain: %+v, b2 got %d calls", r, bs[2].calls.Load()-b2)
+			t.Fatalf("after the drain was acknowledged: %+v, b2 got %d calls", r, bs[2].calls.Load()-b2)
 		}
 	}
 

@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -121,11 +122,24 @@ type Server struct {
 
 	prefix string // versions' prefix: random to this process
 
+	acks *tracker // the streams and what they acknowledged (acks.go)
+
 	// mu serializes builds and guards what they read and write.
 	mu       sync.Mutex
 	built    map[string]*built // by service: what the caches hold
-	variants map[variant]*cachev3.LinearCache
+	rev      int64             // the revision of the last build
+	variants map[variant]*assignCache
 	zones    int // variants with a zone
+}
+
+// assignCache is one variant's assignments, with a version prefix of its
+// own and its version counted as the LinearCache counts it (one per
+// update), so each version it sends maps to the revision it was built
+// from (acks.go).
+type assignCache struct {
+	*cachev3.LinearCache
+	prefix  string
+	version uint64
 }
 
 // built is one service as last served.
@@ -146,7 +160,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("xds: version prefix: %w", err)
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), prefix: hex.EncodeToString(nonce[:]) + "-",
-		built: map[string]*built{}, variants: map[variant]*cachev3.LinearCache{}}
+		built: map[string]*built{}, variants: map[variant]*assignCache{}, acks: newTracker()}
 	s.m = newMetrics(cfg.Registerer)
 	s.caches = newCaches(s.prefix, s.assignments)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -231,12 +245,16 @@ func (s *Server) rebuild(snap *cache.Snapshot) {
 		return
 	}
 	s.updateShared(shared, sharedGone)
-	for v, lc := range s.variants {
+	s.rev = snap.Revision()
+	for v, ac := range s.variants {
 		up := make(map[string]types.Resource, len(changed))
 		for svc, b := range changed {
 			up[svc] = assignment(svc, b.offers, v)
 		}
-		if err := lc.UpdateResources(up, sharedGone); err != nil {
+		// Mapped before the update: a response of it may go out at once.
+		ac.version++
+		s.acks.version(ac.prefix+strconv.FormatUint(ac.version, 10), s.rev)
+		if err := ac.UpdateResources(up, sharedGone); err != nil {
 			s.log.Error("assignments not updated", "variant", v.String(), "err", err)
 		}
 	}
@@ -275,26 +293,37 @@ func (s *Server) updateShared(added map[string]types.Resource, gone []string) {
 func (s *Server) assignments(v variant) *cachev3.LinearCache {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if lc := s.variants[v]; lc != nil {
-		return lc
+	if ac := s.variants[v]; ac != nil {
+		return ac.LinearCache
 	}
 	if v.zone != "" && s.zones >= maxZoneVariants {
 		v.zone = ""
-		if lc := s.variants[v]; lc != nil {
-			return lc
+		if ac := s.variants[v]; ac != nil {
+			return ac.LinearCache
 		}
 	}
 	res := make(map[string]types.Resource, len(s.built))
 	for svc, b := range s.built {
 		res[svc] = assignment(svc, b.offers, v)
 	}
-	lc := cachev3.NewLinearCache(resourcev3.EndpointType, cachev3.WithVersionPrefix(s.prefix), cachev3.WithInitialResources(res))
-	s.variants[v] = lc
+	prefix := fmt.Sprintf("%s%d-", s.prefix, len(s.variants))
+	ac := &assignCache{prefix: prefix, LinearCache: cachev3.NewLinearCache(resourcev3.EndpointType,
+		cachev3.WithVersionPrefix(prefix), cachev3.WithInitialResources(res))}
+	s.acks.version(prefix+"0", s.rev)
+	s.variants[v] = ac
 	if v.zone != "" {
 		s.zones++
 	}
 	s.m.variants.Inc()
-	return lc
+	return ac.LinearCache
+}
+
+// Pending says how many of this regnode's xDS clients follow service's
+// endpoints, which have not acknowledged revision rev (as laggards: node
+// id, address, revision acknowledged), and a channel closed when that
+// may have changed. A drain waits on it (WaitApplied).
+func (s *Server) Pending(service string, rev int64) (clients int, laggards []*registryv1.Laggard, changed <-chan struct{}) {
+	return s.acks.Pending(service, rev)
 }
 
 // panicChange logs and counts a service entering or leaving panic.
@@ -321,37 +350,56 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			"node", n.GetId(), "user_agent", n.GetUserAgentName(), "type", typeURL, "version", version, "error", detail)
 	}
 	return serverv3.CallbackFuncs{
-		StreamOpenFunc:        func(context.Context, int64, string) error { s.m.streams.WithLabelValues("sotw").Inc(); return nil },
-		StreamClosedFunc:      func(int64, *corev3.Node) { s.m.streams.WithLabelValues("sotw").Dec() },
-		DeltaStreamOpenFunc:   func(context.Context, int64, string) error { s.m.streams.WithLabelValues("delta").Inc(); return nil },
-		DeltaStreamClosedFunc: func(int64, *corev3.Node) { s.m.streams.WithLabelValues("delta").Dec() },
-		StreamRequestFunc: func(_ int64, r *discoverygrpc.DiscoveryRequest) error {
+		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+			s.m.streams.WithLabelValues("sotw").Inc()
+			s.acks.open(ctx, id)
+			return nil
+		},
+		StreamClosedFunc: func(id int64, _ *corev3.Node) { s.m.streams.WithLabelValues("sotw").Dec(); s.acks.close(id) },
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+			s.m.streams.WithLabelValues("delta").Inc()
+			s.acks.open(ctx, id)
+			return nil
+		},
+		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { s.m.streams.WithLabelValues("delta").Dec(); s.acks.close(id) },
+		StreamRequestFunc: func(id int64, r *discoverygrpc.DiscoveryRequest) error {
+			var refused *string
 			switch {
 			case r.GetErrorDetail() != nil:
-				nack(r.GetNode(), r.GetTypeUrl(), r.GetVersionInfo(), r.GetErrorDetail().GetMessage())
+				msg := r.GetErrorDetail().GetMessage()
+				refused = &msg
+				nack(r.GetNode(), r.GetTypeUrl(), r.GetVersionInfo(), msg)
 			case r.GetResponseNonce() != "":
 				s.m.requests.WithLabelValues("ack").Inc()
 			default:
 				s.m.requests.WithLabelValues("request").Inc()
 			}
+			s.acks.request(id, r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), refused, r.GetResourceNames(), nil, true)
 			return nil
 		},
-		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, r *discoverygrpc.DiscoveryResponse) {
+		StreamResponseFunc: func(_ context.Context, id int64, _ *discoverygrpc.DiscoveryRequest, r *discoverygrpc.DiscoveryResponse) {
 			s.m.pushes.WithLabelValues("sotw").Inc()
+			s.acks.response(id, r.GetTypeUrl(), r.GetNonce(), r.GetVersionInfo())
 		},
-		StreamDeltaRequestFunc: func(_ int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
+		StreamDeltaRequestFunc: func(id int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
+			var refused *string
 			switch {
 			case r.GetErrorDetail() != nil:
-				nack(r.GetNode(), r.GetTypeUrl(), "", r.GetErrorDetail().GetMessage())
+				msg := r.GetErrorDetail().GetMessage()
+				refused = &msg
+				nack(r.GetNode(), r.GetTypeUrl(), "", msg)
 			case r.GetResponseNonce() != "":
 				s.m.requests.WithLabelValues("ack").Inc()
 			default:
 				s.m.requests.WithLabelValues("request").Inc()
 			}
+			s.acks.request(id, r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), refused,
+				r.GetResourceNamesSubscribe(), r.GetResourceNamesUnsubscribe(), false)
 			return nil
 		},
-		StreamDeltaResponseFunc: func(int64, *discoverygrpc.DeltaDiscoveryRequest, *discoverygrpc.DeltaDiscoveryResponse) {
+		StreamDeltaResponseFunc: func(id int64, _ *discoverygrpc.DeltaDiscoveryRequest, r *discoverygrpc.DeltaDiscoveryResponse) {
 			s.m.pushes.WithLabelValues("delta").Inc()
+			s.acks.response(id, r.GetTypeUrl(), r.GetNonce(), r.GetSystemVersionInfo())
 		},
 	}
 }

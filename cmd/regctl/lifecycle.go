@@ -53,7 +53,7 @@ it says how many have not, on which regnodes, and exits 1.`,
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why the instance is drained (shown by get and list -o wide)")
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait, up to --timeout, until every live subscriber applied the drain")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait, up to --timeout, until every live subscriber and xDS client applied the drain")
 	return cmd
 }
 
@@ -70,6 +70,10 @@ func waitApplied(ctx context.Context, o *options, api registryv1.RegistryClient,
 	if resp.Done {
 		if !o.json() {
 			msg := fmt.Sprintf("applied by all %d live subscribers on %d regnodes", resp.Subscribers, len(resp.Nodes))
+			if resp.XdsClients > 0 {
+				msg = fmt.Sprintf("applied by all %d live subscribers and %s on %d regnodes", resp.Subscribers,
+					plural(resp.XdsClients, "xDS client"), len(resp.Nodes))
+			}
 			if resp.WatchStreams > 0 {
 				msg += fmt.Sprintf("; %s cannot acknowledge; sent to all", plural(resp.WatchStreams, "Watch stream"))
 			}
@@ -90,6 +94,14 @@ func waitApplied(ctx context.Context, o *options, api registryv1.RegistryClient,
 			}
 			parts = append(parts, fmt.Sprintf("regnode %s (%s): %d of %d: %s", n.Node, n.Address, n.Pending, n.Subscribers, strings.Join(names, ", ")))
 		}
+		if n.XdsPending > 0 {
+			var names []string
+			for _, l := range n.XdsLaggards {
+				names = append(names, fmt.Sprintf("node %s (%s, acknowledged revision %d)", l.Subscriber, l.Peer, l.Revision))
+			}
+			parts = append(parts, fmt.Sprintf("regnode %s (%s): %d of %d xDS clients: %s", n.Node, n.Address,
+				n.XdsPending, n.XdsClients, strings.Join(names, ", ")))
+		}
 		if n.WatchPending > 0 {
 			var names []string
 			for _, l := range n.WatchLaggards {
@@ -106,6 +118,9 @@ func waitApplied(ctx context.Context, o *options, api registryv1.RegistryClient,
 	var what []string
 	if resp.Subscribers > 0 || resp.WatchStreams == 0 {
 		what = append(what, fmt.Sprintf("%d of %d live subscribers of %s have not applied revision %d", resp.Pending, resp.Subscribers, service, rev))
+	}
+	if resp.XdsClients > 0 {
+		what = append(what, fmt.Sprintf("%d of %d xDS clients of %s have not acknowledged revision %d", resp.XdsPending, resp.XdsClients, service, rev))
 	}
 	if resp.WatchStreams > 0 {
 		what = append(what, fmt.Sprintf("%d of %d Watch streams of %s (they cannot acknowledge) have not been sent revision %d",

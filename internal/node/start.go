@@ -278,7 +278,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	api, err := server.New(server.Config{Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
+	// xDS for every language, fed by the fan-out (started with the API
+	// below); a drain waits for its clients' ACKs.
+	xs, err := xds.New(xds.Config{Hub: n.hub, Logger: n.log, Registerer: n.metrics.Registry})
+	if err != nil {
+		return nil, err
+	}
+	api, err := server.New(server.Config{XDS: xs, Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
 		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey,
 		Addr: advertise, Peers: n.peers, DialPeer: n.dialPeer})
 	if err != nil {
@@ -319,12 +325,6 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.health = grpchealth.NewServer()
 	healthpb.RegisterHealthServer(n.grpc, n.health)
 	reflection.Register(n.grpc)
-	// xDS for every language, fed by the fan-out; quiesced with it, so
-	// xDS clients move to another regnode while this one drains.
-	xs, err := xds.New(xds.Config{Hub: n.hub, Logger: n.log, Registerer: n.metrics.Registry})
-	if err != nil {
-		return nil, err
-	}
 	xs.Register(n.grpc)
 	if err = n.life.Start(ctx, stopper.Component{Name: "xDS", Run: xs.Run, Quiesce: true}); err != nil {
 		return nil, err

@@ -90,6 +90,9 @@ type Config struct {
 	// DialPeer connects to another regnode's API at addr; close releases
 	// the connection.
 	DialPeer func(addr string) (cli registryv1.RegistryClient, close func(), err error)
+	// XDS, if set, is this regnode's xDS server: a WaitApplied waits for
+	// its clients' acknowledgements as for subscribers' (package xds).
+	XDS XDSClients
 }
 
 // DefaultConfig is a Config with every default but the required fields.

@@ -267,6 +267,14 @@ func (ms *muxStream) sendError(service string, err error) error {
 	return ms.send(&registryv1.SubscribeResponse{Service: service, Error: e})
 }
 
+// XDSClients is what WaitApplied asks of this regnode's xDS server: how
+// many xDS clients follow service's endpoints, which have not
+// acknowledged rev (laggards: node id, address, revision acknowledged),
+// and a channel closed when that may have changed.
+type XDSClients interface {
+	Pending(service string, rev int64) (clients int, laggards []*registryv1.Laggard, changed <-chan struct{})
+}
+
 // Peer is another regnode, as it announces itself (see Config.Peers).
 type Peer struct {
 	Name, Addr string
@@ -330,18 +338,25 @@ func (s *Server) WaitApplied(ctx context.Context, req *registryv1.WaitAppliedReq
 }
 
 // waitLocal waits, until ctx ends, for this regnode's subscribers of
-// service to acknowledge rev and its Watch streams of service to be sent
-// it.
+// service to acknowledge rev, its Watch streams of service to be sent it,
+// and its xDS clients of service to acknowledge a version carrying it.
 func (s *Server) waitLocal(ctx context.Context, service string, rev int64) *registryv1.NodeApplied {
 	defer s.subs.wait(service, rev)()
 	for {
 		n, changed := s.subs.pending(service, rev)
 		n.Node, n.Address = s.cfg.Node, s.cfg.Addr
-		if n.Pending == 0 && n.WatchPending == 0 {
+		var xdsChanged <-chan struct{}
+		if s.cfg.XDS != nil {
+			var clients int
+			clients, n.XdsLaggards, xdsChanged = s.cfg.XDS.Pending(service, rev)
+			n.XdsClients, n.XdsPending = int64(clients), int64(len(n.XdsLaggards))
+		}
+		if n.Pending == 0 && n.WatchPending == 0 && n.XdsPending == 0 {
 			return n
 		}
 		select {
 		case <-changed:
+		case <-xdsChanged:
 		case <-ctx.Done():
 			return n
 		}
@@ -398,7 +413,9 @@ func total(nodes []*registryv1.NodeApplied) *registryv1.WaitAppliedResponse {
 		r.Pending += n.Pending
 		r.WatchStreams += n.WatchStreams
 		r.WatchPending += n.WatchPending
-		if n.Pending > 0 || n.WatchPending > 0 || n.Error != "" {
+		r.XdsClients += n.XdsClients
+		r.XdsPending += n.XdsPending
+		if n.Pending > 0 || n.WatchPending > 0 || n.XdsPending > 0 || n.Error != "" {
 			r.Done = false
 		}
 	}

@@ -3027,6 +3027,13 @@ type NodeApplied struct {
 	WatchStreams  int64      `protobuf:"varint,7,opt,name=watch_streams,json=watchStreams,proto3" json:"watch_streams,omitempty"`
 	WatchPending  int64      `protobuf:"varint,8,opt,name=watch_pending,json=watchPending,proto3" json:"watch_pending,omitempty"` // of those, how many have not been sent it
 	WatchLaggards []*Laggard `protobuf:"bytes,9,rep,name=watch_laggards,json=watchLaggards,proto3" json:"watch_laggards,omitempty"`
+	// xDS streams (package xds) that follow the service's endpoints: one
+	// counts as done once its client acknowledged (ACK) a version carrying
+	// the revision. A laggard's subscriber is its node id, its revision the
+	// last it acknowledged.
+	XdsClients    int64      `protobuf:"varint,10,opt,name=xds_clients,json=xdsClients,proto3" json:"xds_clients,omitempty"`
+	XdsPending    int64      `protobuf:"varint,11,opt,name=xds_pending,json=xdsPending,proto3" json:"xds_pending,omitempty"`
+	XdsLaggards   []*Laggard `protobuf:"bytes,12,rep,name=xds_laggards,json=xdsLaggards,proto3" json:"xds_laggards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3124,6 +3131,27 @@ func (x *NodeApplied) GetWatchLaggards() []*Laggard {
 	return nil
 }
 
+func (x *NodeApplied) GetXdsClients() int64 {
+	if x != nil {
+		return x.XdsClients
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetXdsPending() int64 {
+	if x != nil {
+		return x.XdsPending
+	}
+	return 0
+}
+
+func (x *NodeApplied) GetXdsLaggards() []*Laggard {
+	if x != nil {
+		return x.XdsLaggards
+	}
+	return nil
+}
+
 type WaitAppliedResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// every live subscriber of every regnode applied it (acknowledged it,
@@ -3134,6 +3162,8 @@ type WaitAppliedResponse struct {
 	Nodes         []*NodeApplied `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	WatchStreams  int64          `protobuf:"varint,5,opt,name=watch_streams,json=watchStreams,proto3" json:"watch_streams,omitempty"` // the sum of NodeApplied.watch_streams
 	WatchPending  int64          `protobuf:"varint,6,opt,name=watch_pending,json=watchPending,proto3" json:"watch_pending,omitempty"`
+	XdsClients    int64          `protobuf:"varint,7,opt,name=xds_clients,json=xdsClients,proto3" json:"xds_clients,omitempty"` // the sum of NodeApplied.xds_clients
+	XdsPending    int64          `protobuf:"varint,8,opt,name=xds_pending,json=xdsPending,proto3" json:"xds_pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3206,6 +3236,20 @@ func (x *WaitAppliedResponse) GetWatchStreams() int64 {
 func (x *WaitAppliedResponse) GetWatchPending() int64 {
 	if x != nil {
 		return x.WatchPending
+	}
+	return 0
+}
+
+func (x *WaitAppliedResponse) GetXdsClients() int64 {
+	if x != nil {
+		return x.XdsClients
+	}
+	return 0
+}
+
+func (x *WaitAppliedResponse) GetXdsPending() int64 {
+	if x != nil {
+		return x.XdsPending
 	}
 	return 0
 }
@@ -3869,7 +3913,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"subscriber\x18\x01 \x01(\tR\n" +
 	"subscriber\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x03R\brevision\"\xc6\x02\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"\xc1\x03\n" +
 	"\vNodeApplied\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12 \n" +
@@ -3879,14 +3923,24 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12#\n" +
 	"\rwatch_streams\x18\a \x01(\x03R\fwatchStreams\x12#\n" +
 	"\rwatch_pending\x18\b \x01(\x03R\fwatchPending\x12;\n" +
-	"\x0ewatch_laggards\x18\t \x03(\v2\x14.registry.v1.LaggardR\rwatchLaggards\"\xdf\x01\n" +
+	"\x0ewatch_laggards\x18\t \x03(\v2\x14.registry.v1.LaggardR\rwatchLaggards\x12\x1f\n" +
+	"\vxds_clients\x18\n" +
+	" \x01(\x03R\n" +
+	"xdsClients\x12\x1f\n" +
+	"\vxds_pending\x18\v \x01(\x03R\n" +
+	"xdsPending\x127\n" +
+	"\fxds_laggards\x18\f \x03(\v2\x14.registry.v1.LaggardR\vxdsLaggards\"\xa1\x02\n" +
 	"\x13WaitAppliedResponse\x12\x12\n" +
 	"\x04done\x18\x01 \x01(\bR\x04done\x12 \n" +
 	"\vsubscribers\x18\x02 \x01(\x03R\vsubscribers\x12\x18\n" +
 	"\apending\x18\x03 \x01(\x03R\apending\x12.\n" +
 	"\x05nodes\x18\x04 \x03(\v2\x18.registry.v1.NodeAppliedR\x05nodes\x12#\n" +
 	"\rwatch_streams\x18\x05 \x01(\x03R\fwatchStreams\x12#\n" +
-	"\rwatch_pending\x18\x06 \x01(\x03R\fwatchPending\"\xa3\x01\n" +
+	"\rwatch_pending\x18\x06 \x01(\x03R\fwatchPending\x12\x1f\n" +
+	"\vxds_clients\x18\a \x01(\x03R\n" +
+	"xdsClients\x12\x1f\n" +
+	"\vxds_pending\x18\b \x01(\x03R\n" +
+	"xdsPending\"\xa3\x01\n" +
 	"\n" +
 	"TokenScope\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.registry.v1.TokenScope.KindR\x04kind\x12\x14\n" +
@@ -4072,51 +4126,52 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	54, // 36: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
 	41, // 37: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
 	41, // 38: registry.v1.NodeApplied.watch_laggards:type_name -> registry.v1.Laggard
-	42, // 39: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
-	5,  // 40: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
-	3,  // 41: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
-	44, // 42: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
-	55, // 43: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	55, // 44: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	55, // 45: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
-	3,  // 46: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
-	44, // 47: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
-	54, // 48: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	45, // 49: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
-	45, // 50: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
-	9,  // 51: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	11, // 52: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	13, // 53: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	15, // 54: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	17, // 55: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	19, // 56: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	21, // 57: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	23, // 58: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	29, // 59: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	33, // 60: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
-	40, // 61: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
-	46, // 62: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
-	48, // 63: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
-	50, // 64: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
-	10, // 65: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	12, // 66: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	14, // 67: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	16, // 68: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	18, // 69: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	20, // 70: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	22, // 71: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	28, // 72: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	32, // 73: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	38, // 74: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
-	43, // 75: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
-	47, // 76: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
-	49, // 77: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
-	51, // 78: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
-	65, // [65:79] is the sub-list for method output_type
-	51, // [51:65] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	41, // 39: registry.v1.NodeApplied.xds_laggards:type_name -> registry.v1.Laggard
+	42, // 40: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
+	5,  // 41: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
+	3,  // 42: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
+	44, // 43: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
+	55, // 44: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	55, // 45: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	55, // 46: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
+	3,  // 47: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
+	44, // 48: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
+	54, // 49: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	45, // 50: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
+	45, // 51: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
+	9,  // 52: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	11, // 53: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	13, // 54: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	15, // 55: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	17, // 56: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	19, // 57: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	21, // 58: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	23, // 59: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	29, // 60: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	33, // 61: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
+	40, // 62: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
+	46, // 63: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
+	48, // 64: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
+	50, // 65: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
+	10, // 66: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	12, // 67: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	14, // 68: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	16, // 69: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	18, // 70: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	20, // 71: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	22, // 72: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	28, // 73: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	32, // 74: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	38, // 75: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
+	43, // 76: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
+	47, // 77: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
+	49, // 78: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
+	51, // 79: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
+	66, // [66:80] is the sub-list for method output_type
+	52, // [52:66] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }

@@ -1,0 +1,218 @@
+package xds_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/embedded"
+	"github.com/regcluster/registry/internal/etcdtest"
+	"github.com/regcluster/registry/internal/node"
+	"github.com/regcluster/registry/internal/regnodetest"
+	registryv1 "github.com/regcluster/registry/proto/registry/v1"
+	"github.com/regcluster/registry/store"
+)
+
+func adsClient(t *testing.T, addr string) discoverygrpc.AggregatedDiscoveryServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return discoverygrpc.NewAggregatedDiscoveryServiceClient(cc)
+}
+
+// What an Envoy node is sent (Envoy itself is not installable here), over
+// incremental xDS: its assignment has a locality per zone, each endpoint
+// with its weight and its status as it is (DEGRADED, DRAINING), nothing of
+// UNAVAILABLE; an ACK is taken; a service that does not exist is absent
+// and the stream goes on. Over state of the world, a gRPC node asking
+// for a listener that exists and one that does not gets the one.
+func TestEnvoyNodeResources(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reg := func(id, addr, zone string, w uint32) {
+		t.Helper()
+		if _, err := c.API().Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute), Instance: &registryv1.Instance{
+			Service: "orders", Id: id, Address: addr, Zone: zone, Weight: w}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg("a", "10.0.0.1:80", "z1", 200)
+	reg("b", "10.0.0.2:80", "z1", 100)
+	reg("c", "10.0.0.3:80", "z2", 100)
+	reg("d", "10.0.0.4:80", "z2", 100)
+	st, err := store.New(store.Config{Client: rn.Etcd, Prefix: rn.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := func(id string, h registryv1.HealthState) {
+		if _, _, err := st.Update(ctx, "orders", id, func(in *registryv1.Instance) error {
+			in.Health = &registryv1.Health{State: h, Since: timestamppb.Now()}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	health("b", registryv1.HealthState_HEALTH_STATE_DEGRADED)
+	health("d", registryv1.HealthState_HEALTH_STATE_UNAVAILABLE)
+	dr, err := c.API().Drain(ctx, &registryv1.DrainRequest{Service: "orders", Id: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn.WaitRevision(t, dr.Revision)
+
+	ads := adsClient(t, rn.Addr)
+	ds, err := ads.DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	envoy := &corev3.Node{Id: "envoy-1", UserAgentName: "envoy"}
+	if err := ds.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: envoy, TypeUrl: resourcev3.EndpointType,
+		ResourceNamesSubscribe: []string{"orders", "nope"}}); err != nil {
+		t.Fatal(err)
+	}
+	var cla *endpointv3.ClusterLoadAssignment
+	for cla == nil || !strings.Contains(cla.String(), "DRAINING") {
+		resp, err := ds.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resp.Resources {
+			if r.Name == "nope" {
+				t.Fatalf("a service that does not exist was sent: %v", r)
+			}
+			cla = &endpointv3.ClusterLoadAssignment{}
+			if err := r.Resource.UnmarshalTo(cla); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ds.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.Nonce}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type ep struct {
+		zone   string
+		status corev3.HealthStatus
+		weight uint32
+	}
+	got := map[string]ep{}
+	for _, l := range cla.Endpoints {
+		for _, e := range l.LbEndpoints {
+			got[e.GetEndpoint().GetHostname()] = ep{l.Locality.GetZone(), e.HealthStatus, e.LoadBalancingWeight.GetValue()}
+		}
+	}
+	want := map[string]ep{
+		"a": {"z1", corev3.HealthStatus_HEALTHY, 200},
+		"b": {"z1", corev3.HealthStatus_DEGRADED, 25},
+		"c": {"z2", corev3.HealthStatus_DRAINING, 100},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Envoy was sent %v, want %v", got, want)
+	}
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("Envoy, instance %s: %+v, want %+v", id, got[id], w)
+		}
+	}
+	if len(cla.Endpoints) != 2 || cla.Endpoints[0].LoadBalancingWeight.GetValue() != 225 {
+		t.Errorf("Envoy localities: %v, want z1 (weight 225) and z2", cla.Endpoints)
+	}
+
+	ss, err := ads.StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ss.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "grpc-1", UserAgentName: "gRPC Go"},
+		TypeUrl: resourcev3.ListenerType, ResourceNames: []string{"orders", "nope"}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := ss.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Resources) != 1 {
+		t.Fatalf("listeners sent: %d, want orders alone", len(resp.Resources))
+	}
+	l := &listenerv3.Listener{}
+	if err := resp.Resources[0].UnmarshalTo(l); err != nil || l.Name != "orders" || l.ApiListener == nil {
+		t.Fatalf("listener: %v, %v", l, err)
+	}
+}
+
+// With --auth an xDS stream needs a token with read on every service: none
+// is Unauthenticated, a token scoped to one service is PermissionDenied,
+// a read-all token is served.
+func TestXDSAuth(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	dir := t.TempDir()
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, Auth: true, Embed: embedded.Config{Dir: dir}}, m.ClientURL)
+	b, err := os.ReadFile(filepath.Join(dir, node.AdminTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Token: strings.TrimSpace(string(b))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	mk := func(name string, kind registryv1.TokenScope_Kind, value string) string {
+		r, err := admin.Tokens().CreateToken(ctx, &registryv1.CreateTokenRequest{Name: name, Role: registryv1.TokenRole_TOKEN_ROLE_READ,
+			Scope: &registryv1.TokenScope{Kind: kind, Value: value}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Secret
+	}
+	all, one := mk("xds-all", registryv1.TokenScope_KIND_ALL, ""), mk("xds-one", registryv1.TokenScope_KIND_SERVICE, "orders")
+	ads := adsClient(t, rn.Addr)
+	try := func(tok string) error {
+		sctx := ctx
+		if tok != "" {
+			sctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+		}
+		s, err := ads.StreamAggregatedResources(sctx)
+		if err != nil {
+			return err
+		}
+		if err := s.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ListenerType}); err != nil {
+			return err
+		}
+		_, err = s.Recv()
+		return err
+	}
+	for _, tc := range []struct {
+		tok  string
+		want codes.Code
+	}{{"", codes.Unauthenticated}, {one, codes.PermissionDenied}, {all, codes.OK}} {
+		if err := try(tc.tok); status.Code(err) != tc.want {
+			t.Errorf("xDS stream (with a token: %v): %v, want %v", tc.tok != "", err, tc.want)
+		}
+	}
+}
