@@ -187,4 +187,3 @@ func (t *tracker) Pending(service string, rev int64) (clients int, laggards []*r
 	}
 	return clients, laggards, t.changed
 }
-
