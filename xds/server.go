@@ -7,9 +7,10 @@
 // nothing but a bootstrap file.
 //
 // What it guarantees:
-//   - It is fed by the regnode's fan-out (one subscription of every
-//     service to the hub, no etcd watch of its own); changes within
-//     Config.Coalesce are served as one version.
+//   - It is fed by the regnode's fan-out (it reads the hub's cache each
+//     time the hub moves; no etcd watch of its own); it builds at most once
+//     per Config.Coalesce, at once after a quiet spell, a burst as one
+//     version.
 //   - What a client may call is what the SDK would route to (offer in
 //     resources.go): routable instances, DEGRADED at reduced weight,
 //     DRAINING sent as DRAINING until the instance leaves, UNAVAILABLE
@@ -63,8 +64,9 @@ type Config struct {
 	// Hub is the regnode's fan-out: the Server follows every service
 	// through it (required).
 	Hub *fanout.Hub
-	// Coalesce is how long a change waits for the ones after it before
-	// the batch is served as one version (default 20ms).
+	// Coalesce is the least time between two builds (default 20ms): a
+	// change after a quiet spell is built at once, a burst's changes wait
+	// for the window's end and go out as one version.
 	Coalesce time.Duration
 	// PanicThresholdPercent: below this share of routable instances
 	// (of those neither draining nor starting) every such instance is
@@ -175,8 +177,10 @@ func (s *Server) Register(g *grpc.Server) {
 
 // Run follows the hub and serves each change until ctx ends; then every
 // xDS stream ends. It reads the hub's cache as a whole each time the hub
-// moves (it is no subscriber of the hub): changes that come within
-// Config.Coalesce of the first are built as one version.
+// moves (it is no subscriber of the hub). Builds are at most one per
+// Config.Coalesce: a change after a quiet spell is built at once, and the
+// changes of a burst wait for the end of the window and are built as one
+// version.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.cancel()
 	select {
@@ -186,24 +190,29 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	t := time.NewTimer(0)
 	<-t.C
-	var last *cache.Snapshot
+	var (
+		last  *cache.Snapshot
+		built time.Time
+	)
 	for {
 		changed := s.cfg.Hub.Changed() // before the read: no change falls between
 		if snap := s.cfg.Hub.Cache().Snapshot(); snap != last {
 			s.rebuild(snap)
-			last = snap
+			last, built = snap, time.Now()
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
 		}
-		t.Reset(s.cfg.Coalesce)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
+		if wait := s.cfg.Coalesce - time.Since(built); wait > 0 {
+			t.Reset(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
 		}
 	}
 }
@@ -316,6 +325,15 @@ func (s *Server) assignments(v variant) *cachev3.LinearCache {
 	}
 	s.m.variants.Inc()
 	return ac.LinearCache
+}
+
+// Revision is the registry revision an assignment version was built from
+// (0 if the version is not one of the last few thousand this Server made):
+// a version a client received tells how current its view is.
+func (s *Server) Revision(version string) int64 {
+	s.acks.mu.Lock()
+	defer s.acks.mu.Unlock()
+	return s.acks.versions[version]
 }
 
 // Pending says how many of this regnode's xDS clients follow service's

@@ -189,7 +189,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.propWrites, "propagate-writes", 250, "propagate: changes per kind and round")
 	fs.IntVar(&c.propRounds, "propagate-rounds", 3, "propagate: rounds (ours, etcd watchers, etcd resolvers, rotating)")
 	fs.IntVar(&c.propInstances, "propagate-instances", 20, "propagate: instances of the service")
-	kinds := fs.String("propagate-kinds", kindOurs+","+kindWatch+","+kindResolver, "propagate: which kinds write in the rounds (to profile one alone)")
+	kinds := fs.String("propagate-kinds", kindOurs+","+kindXDS+","+kindWatch+","+kindResolver, "propagate: which kinds write in the rounds (to profile one alone)")
 	fs.IntVar(&c.perClient, "per-client", 10, "subscribers, etcd watchers or resolvers per client connection")
 
 	fs.IntVar(&c.compSubs, "compaction-subs", 100, "compaction: subscribers and resolvers")
@@ -300,7 +300,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	}
 	for _, k := range strings.Split(*kinds, ",") {
 		switch k {
-		case kindOurs, kindWatch, kindResolver:
+		case kindOurs, kindXDS, kindWatch, kindResolver:
 			c.propKinds = append(c.propKinds, k)
 		default:
 			usage(stderr, fs)

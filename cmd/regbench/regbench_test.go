@@ -75,6 +75,11 @@ var fields = map[string][]field{
 		{"ratio/round_robin/N=2/ns_per_op", true},
 	},
 	"flood": floodFields(floodPeer, floodToken),
+	// xDS streams follow the same changes as SDK subscriptions.
+	"propagate": {
+		{"ours/S=3/latency_ms/n", true}, {"baseline/xds/S=3/latency_ms/n", true},
+		{"baseline/etcd_watch/S=3/latency_ms/n", true}, {"baseline/xds/S=3/missed", false},
+	},
 	"firstcall": {
 		{"ours/fresh process/start_to_first_ok_ms/n", true}, {"ours/fresh process/main_to_first_ok_ms/p50", true},
 		{"baseline/round_robin/fresh process/start_to_first_ok_ms/n", true},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ const (
 	kindOurs     = "ours"          // SDK Subscribe through one regnode
 	kindWatch    = "etcd_watch"    // clientv3 Get + Watch on the prefix
 	kindResolver = "etcd_resolver" // etcd's naming/resolver, fed by endpoints.Manager
+	kindXDS      = "xds"           // xDS (ADS) streams to the same regnode, as gRPC's clients speak it
 )
 
 // runPropagate: one writer changes instances at a steady rate; S
@@ -30,7 +32,7 @@ const (
 // own copy of the service, so they never load each other's consumers.
 func runPropagate(ctx context.Context, e *env) (*Result, error) {
 	cfg := e.cfg
-	r := newResult("propagate", "latency from a write's commit to the change in each subscriber's view: SDK Subscribe via one regnode vs S direct etcd watchers vs S etcd naming resolvers")
+	r := newResult("propagate", "latency from a write's commit to the change in each subscriber's view: SDK Subscribe via one regnode vs S xDS streams to it vs S direct etcd watchers vs S etcd naming resolvers")
 	r.param("subs", cfg.propSubs)
 	r.param("rate_per_s", cfg.propRate)
 	r.param("changes_per_kind_round", cfg.propWrites)
@@ -62,16 +64,19 @@ func runPropagate(ctx context.Context, e *env) (*Result, error) {
 	}
 	e.onClose(func() { cli.Close() })
 
-	var lastOurs, lastWatch Lat
+	var lastOurs, lastWatch, lastXDS Lat
 	var lastWatchers int
 	for si, S := range cfg.propSubs {
 		cs := fmt.Sprintf("S=%d", S)
-		res, err := propagateCase(ctx, e, etcd, n.Addr(), cli, S, uint64(si+1))
+		res, err := propagateCase(ctx, e, etcd, n.Addr(), n.XDS().Revision, cli, S, uint64(si+1))
 		if err != nil {
 			return r, fmt.Errorf("%s: %w", cs, err)
 		}
-		for _, k := range []string{kindOurs, kindWatch, kindResolver} {
+		for _, k := range []string{kindOurs, kindXDS, kindWatch, kindResolver} {
 			kr := res[k]
+			if kr == nil || kr.lat.N == 0 && !slices.Contains(cfg.propKinds, k) {
+				continue
+			}
 			put := func(metric string, v any) {
 				if k == kindOurs {
 					r.ours(cs, metric, v)
@@ -94,17 +99,23 @@ func runPropagate(ctx context.Context, e *env) (*Result, error) {
 			}
 		}
 		lastOurs, lastWatch, lastWatchers = res[kindOurs].lat, res[kindWatch].lat, res[kindOurs].watchers+nodeWatchers
+		lastXDS = res[kindXDS].lat
 	}
 	r.skipRatio("missed", "early", "changes_per_s")
 	S := cfg.propSubs[len(cfg.propSubs)-1]
 	q := lastOurs.P99 / lastWatch.P99
 	r.target(fmt.Sprintf("S=%d p99 ours / direct etcd watchers", S), "<= 0.50",
 		fmt.Sprintf("%.3f (%.2fms vs %.2fms)", q, lastOurs.P99, lastWatch.P99), lastWatch.N > 0 && q <= 0.5)
+	if x := lastXDS; x.N > 0 {
+		r.target(fmt.Sprintf("S=%d p99 xDS streams / SDK subscriptions", S), "<= 1.00",
+			fmt.Sprintf("%.3f (%.2fms vs %.2fms)", x.P99/lastOurs.P99, x.P99, lastOurs.P99), x.P99 <= lastOurs.P99)
+	}
 	r.target(fmt.Sprintf("S=%d etcd watchers held for ours", S), "1 (one per regnode)",
 		fmt.Sprint(lastWatchers), lastWatchers == 1)
 	r.note("etcd watchers: etcd_debugging_mvcc_watcher_total from the embedded server's Prometheus registry (prometheus.DefaultGatherer), difference before/after starting each kind's consumers; ours counts the regnode's own (measured when it started: %d) plus what S subscribers added", nodeWatchers)
 	r.note("clients: every kind shares one client connection among %d consumers: ours %d subscriptions per client.New (one gRPC conn, one Subscribe stream, one feed of the service: the regnode holds one subscriber per client); etcd_watch %d clientv3 watchers per clientv3.Client (clientv3 multiplexes them on one gRPC watch stream; etcd still holds one watcher each); etcd_resolver %d resolvers per clientv3.Client", cfg.perClient, cfg.perClient, cfg.perClient, cfg.perClient)
 	r.note("etcd_resolver: the real go.etcd.io/etcd/client/v3/naming/resolver built with a recording resolver.ClientConn standing where grpc's ClientConn would (no balancer), fed by endpoints.Manager writing the same changes as endpoint updates; each update's address list names the change it reflects (every write gives a unique address), so batching cannot hide a change")
+	r.note("xds: S ADS streams (state of the world, as gRPC's xDS clients speak it: the service's endpoints named, each response acknowledged) to the same regnode, one stream per gRPC process that would hold it (grpc-go shares one xDS stream per process); a response's version is mapped by the regnode to the revision it was built from. xds and ours follow the same service, so in each one's rounds the other's consumers receive the changes too")
 	r.note("etcd_watch: clientv3 Get then Watch from the next revision on a prefix with the same record layout, decoding each record into a map (what a direct consumer does)")
 	r.note("cpu_ms_per_change: CPU time of the whole process (getrusage: etcd, regnode, writer and the S consumers) during that kind's writing phases, per change")
 	r.note("commit time is taken right after the etcd Put/Delete (or endpoints.Manager call) returns; 'early' counts views that had the change before that (latency counted as 0)")
@@ -120,7 +131,7 @@ type kindResult struct {
 }
 
 // propagateCase runs every round for S consumers of each kind.
-func propagateCase(ctx context.Context, e *env, etcd *etcdServer, regnode string, cli *clientv3.Client, S int, seed uint64) (map[string]*kindResult, error) {
+func propagateCase(ctx context.Context, e *env, etcd *etcdServer, regnode string, xdsRev func(string) int64, cli *clientv3.Client, S int, seed uint64) (map[string]*kindResult, error) {
 	cfg := e.cfg
 	service := fmt.Sprintf("prop-%d", S)
 	rounds := max(1, cfg.propRounds)
@@ -137,9 +148,9 @@ func propagateCase(ctx context.Context, e *env, etcd *etcdServer, regnode string
 		return nil, err
 	}
 	clients := (S + cfg.perClient - 1) / cfg.perClient
-	out := map[string]*kindResult{kindOurs: {}, kindWatch: {}, kindResolver: {}}
+	out := map[string]*kindResult{kindOurs: {}, kindXDS: {}, kindWatch: {}, kindResolver: {}}
 	obs := map[string][]*observer{}
-	for _, k := range []string{kindOurs, kindWatch, kindResolver} {
+	for _, k := range []string{kindOurs, kindXDS, kindWatch, kindResolver} {
 		for range S {
 			obs[k] = append(obs[k], &observer{})
 		}
@@ -190,6 +201,16 @@ func propagateCase(ctx context.Context, e *env, etcd *etcdServer, regnode string
 	sleep(ctx, 100*time.Millisecond)
 	wb, _ := etcdWatchers()
 	out[kindOurs].watchers = wb - wa
+
+	// xds: S ADS streams to the same regnode, over `clients` connections.
+	if slices.Contains(cfg.propKinds, kindXDS) {
+		e.progress.set("S=%d: %d xDS streams", S, S)
+		xf, err := startXDSFollowers(cctx, regnode, service, S, cfg.perClient, xdsRev, func(i int, rev int64, at time.Time) { obs[kindXDS][i].saw(rev, at) })
+		if err != nil {
+			return nil, err
+		}
+		defer xf.stop()
+	}
 
 	// etcd_watch: S watchers over `clients` clientv3 clients.
 	e.progress.set("S=%d: %d etcd watchers", S, S)
@@ -273,7 +294,7 @@ func propagateCase(ctx context.Context, e *env, etcd *etcdServer, regnode string
 	cpu := map[string]time.Duration{}
 	interval := time.Duration(float64(time.Second) / cfg.propRate)
 	kinds := cfg.propKinds
-	which := map[string]string{kindOurs: "ours", kindWatch: "direct", kindResolver: "naming"}
+	which := map[string]string{kindOurs: "ours", kindXDS: "ours", kindWatch: "direct", kindResolver: "naming"}
 	for round := range rounds {
 		for k := range kinds {
 			kind := kinds[(round+k)%len(kinds)]

@@ -69,6 +69,7 @@ import (
 	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/internal/txnbatch"
 	"github.com/regcluster/registry/probe"
+	"github.com/regcluster/registry/xds"
 )
 
 // Version is the regnode version reported by Status.
@@ -86,6 +87,7 @@ type Node struct {
 	lis     net.Listener
 	metrics *metrics.Metrics
 	hub     *fanout.Hub
+	xds     *xds.Server
 	renew   *leasepool.Renewer // every renewal, on one LeaseKeepAlive stream
 	leases  *leasepool.Pool    // Register's leases, granted ahead
 	commit  *txnbatch.Batcher  // Register's writes, group-committed
@@ -130,6 +132,9 @@ func (n *Node) IdleLeases() int {
 	}
 	return n.leases.IdleTotal()
 }
+
+// XDS is the node's xDS server (package xds).
+func (n *Node) XDS() *xds.Server { return n.xds }
 
 // Hub is the node's subscription fan-out.
 func (n *Node) Hub() *fanout.Hub { return n.hub }
