@@ -24,6 +24,9 @@ import (
 var regnodeBin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv("REGISTRY_XDS_CHILD") != "" { // the xDS child process builds nothing
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "integration")
 	if err != nil {
 		panic(err)
