@@ -179,7 +179,7 @@ func TestVersion(t *testing.T) {
 }
 
 // TestCompletion checks that cobra's completion scripts, documented in
-// README, are there for each shell.
+// docs/regctl.md, are there for each shell.
 func TestCompletion(t *testing.T) {
 	for shell, marker := range map[string]string{"bash": "__start_regctl", "zsh": "#compdef regctl", "fish": "complete -c regctl", "powershell": "Register-ArgumentCompleter"} {
 		r := mustOK(t, regctl(t, nil, "completion", shell))
