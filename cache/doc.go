@@ -16,7 +16,7 @@
 // version and shared by every later one; Count, Get and Each read the tree
 // itself and never build it.
 //
-// The cache is revision-monotonic (invariants 1 and 2 of DESIGN.md):
+// The cache is revision-monotonic (invariants 1 and 2 of docs/architecture.md):
 //
 //   - an incremental batch at a revision at or below the cache's is refused
 //     with ErrStale and changes nothing;

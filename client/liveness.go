@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Liveness of a subscription (DESIGN.md, Subscription protocol): regnode
+// Liveness of a subscription (docs/architecture.md, "Watch protocol"): regnode
 // sends a message (events, snapshot chunk or progress) to every subscriber
 // at least once per progress interval (1s). A stream that carries nothing
 // for the receive deadline belongs to a regnode that is paused, cut off

@@ -18,7 +18,7 @@ import (
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
-// The Client's one subscription stream (DESIGN.md, Subscription protocol):
+// The Client's one subscription stream (docs/architecture.md, "Watch protocol"):
 // every Subscription of a Client, and every resolver's (they share
 // Subscriptions), rides one Subscribe stream to one regnode. Each service
 // followed is a feed: the view of that service as the stream tells it

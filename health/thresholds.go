@@ -10,7 +10,7 @@ import (
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
-// The default thresholds (DESIGN.md, from the seeds).
+// The default thresholds (docs/architecture.md, from the seeds).
 const (
 	DefaultFailuresToDegraded    = 3
 	DefaultFailuresToUnavailable = 5

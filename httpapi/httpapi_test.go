@@ -149,7 +149,7 @@ func TestReadsAreTheCLIJSON(t *testing.T) {
 		}
 	}
 
-	// The names DESIGN.md promises, in the raw JSON: snake_case, enums
+	// The names docs/architecture.md promises, in the raw JSON: snake_case, enums
 	// without prefix, the lease id in hex.
 	_, body, _ := f.do(t, "GET", "/api/v1/services/orders/instances/o-1", "")
 	var raw map[string]any

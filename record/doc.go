@@ -1,5 +1,5 @@
 // Package record defines what a registry record is: where an instance lives
-// in etcd (the key layout of DESIGN.md), which instances are valid, and how
+// in etcd (the key layout of docs/architecture.md), which instances are valid, and how
 // a record is encoded and decoded. It does no I/O.
 //
 // Every rule here is a contract: a record that Validate accepts is one every

@@ -20,7 +20,7 @@ var (
 )
 
 // FieldError is a validation failure of one field. Field uses the JSON
-// (proto) names of DESIGN.md: "service", "metadata", "check.timeout" for
+// (proto) names of docs/architecture.md: "service", "metadata", "check.timeout" for
 // the rules of an instance; a dotted path from the request for bytes that
 // do not decode ("instance.address", see Unmarshal). Reason quotes any
 // value it shows, so the message is one line without control characters.

@@ -11,7 +11,7 @@ import (
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
-// Limits of DESIGN.md.
+// Limits of docs/architecture.md.
 const (
 	MaxServiceLen   = 63
 	MaxIDLen        = 128
@@ -89,7 +89,7 @@ func ValidTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Validate checks every rule of DESIGN.md on an instance a client submits,
+// Validate checks every rule of docs/architecture.md on an instance a client submits,
 // and that it encodes (every string valid UTF-8), so that what it accepts
 // every reader decodes. The first failure is returned as a *FieldError
 // naming the field:

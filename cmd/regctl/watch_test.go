@@ -150,7 +150,7 @@ func (w *jsonWatch) nextAny(t *testing.T) render.WatchLine {
 }
 
 // checkWatchLine decodes one JSON line and checks its keys against
-// DESIGN.md.
+// docs/architecture.md.
 func checkWatchLine(t *testing.T, raw string) render.WatchLine {
 	t.Helper()
 	var m map[string]json.RawMessage

@@ -1,6 +1,6 @@
 // Package render is how the registry's records look to people and scripts:
 // the JSON form of instances, watch events and regnode status (the snake_case
-// field names of DESIGN.md), and the aligned text tables regctl prints.
+// field names of docs/architecture.md), and the aligned text tables regctl prints.
 //
 // The JSON types are plain structs with json tags, so that every command
 // that prints a record (list, get, watch, status) prints it the same way, and

@@ -280,7 +280,7 @@ func invalid(field, format string, args ...any) error {
 	return toStatus(&record.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)})
 }
 
-// Register validates the instance (every rule of DESIGN.md; nothing is
+// Register validates the instance (every rule of docs/architecture.md; nothing is
 // written on failure), grants a lease and stores the instance under it.
 // The request's secret, if any, must be the registration's to replace a
 // live record or carry a lost one's state (AlreadyExists otherwise); the

@@ -202,7 +202,7 @@ func TestKeepAliveStream(t *testing.T) {
 	}
 }
 
-// Every validation rule of DESIGN.md: InvalidArgument naming the field, and
+// Every validation rule of docs/architecture.md: InvalidArgument naming the field, and
 // etcd holds no key and no lease afterwards.
 func TestInvalidInputRefused(t *testing.T) {
 	rn := regnodetest.Start(t)
