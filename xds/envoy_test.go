@@ -25,6 +25,7 @@ import (
 	"github.com/regcluster/registry/internal/embedded"
 	"github.com/regcluster/registry/internal/etcdtest"
 	"github.com/regcluster/registry/internal/node"
+	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/regnodetest"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/store"
@@ -215,4 +216,55 @@ func TestXDSAuth(t *testing.T) {
 			t.Errorf("xDS stream (with a token: %v): %v, want %v", tc.tok != "", err, tc.want)
 		}
 	}
+}
+
+// xDS streams count against a caller's stream cap as every other stream
+// does: past it a stream is refused with ResourceExhausted, and one
+// closed makes room.
+func TestXDSStreamsCapped(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	limits := peerlimit.DefaultConfig()
+	limits.MaxStreams = 2
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, Limits: limits}, m.ClientURL)
+	ads := adsClient(t, rn.Addr)
+	open := func() (context.CancelFunc, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := ads.StreamAggregatedResources(ctx)
+		if err == nil {
+			err = s.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ListenerType})
+		}
+		if err == nil {
+			_, err = s.Recv()
+		}
+		return cancel, err
+	}
+	var held []context.CancelFunc
+	defer func() {
+		for _, c := range held {
+			c()
+		}
+	}()
+	for i := range 2 {
+		cancel, err := open()
+		if err != nil {
+			t.Fatalf("stream %d: %v", i+1, err)
+		}
+		held = append(held, cancel)
+	}
+	cancel, err := open()
+	cancel()
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a third stream: %v, want ResourceExhausted", err)
+	}
+	held[0]()
+	held = held[1:]
+	waitFor(t, 30*time.Second, "room for a stream once one closed", func() bool {
+		cancel, err := open()
+		if err == nil {
+			held = append(held, cancel)
+			return true
+		}
+		cancel()
+		return false
+	})
 }

@@ -307,6 +307,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.self = newSelfListener() // the HTTP API's calls: self.go
 		transport = append(transport, grpc.Creds(selfCreds{credentials.NewTLS(serverTLS)}))
 	}
+	stream = append(stream, api.LimitXDS())
 	n.grpc = grpc.NewServer(append(append(transport,
 		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
 		grpc.KeepaliveParams(keepaliveServer),

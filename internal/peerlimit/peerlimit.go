@@ -51,7 +51,7 @@ type Config struct {
 	// KeepAliveBurst is how many renewals a peer may make at once
 	// (default 4000).
 	KeepAliveBurst int
-	// MaxStreams caps the concurrent Watch and KeepAlive streams of one
+	// MaxStreams caps the concurrent Watch, Subscribe, KeepAlive and xDS streams of one
 	// peer (default 4096).
 	MaxStreams int
 	// MaxRegistrations caps the registrations one key holds on this

@@ -240,6 +240,24 @@ func (a *Auth) Stream() grpc.StreamServerInterceptor {
 // xdsService is the prefix of the xDS streams' methods (package xds).
 const xdsService = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
 
+// LimitXDS caps each caller's xDS streams (package xds, served beside
+// this API) with the same per-caller stream budget as Watch, Subscribe
+// and KeepAlive streams (peerlimit MaxStreams, by peer, or by token with
+// --auth): a stranger cannot hold more of them than of any other stream.
+func (s *Server) LimitXDS() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !strings.HasPrefix(info.FullMethod, xdsService) {
+			return handler(srv, ss)
+		}
+		release, err := s.openStream(ss.Context())
+		if err != nil {
+			return err
+		}
+		defer release()
+		return handler(srv, ss)
+	}
+}
+
 // xds checks an xDS stream: an xDS client is served the resources of
 // every service, so its token needs read on every service ("" scope
 // all); a narrower token is refused, never served a part.
