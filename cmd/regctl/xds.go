@@ -149,8 +149,10 @@ type bootstrapNode struct {
 	Locality *zoneOnly `json:"locality,omitempty"`
 }
 
+// zoneOnly is the node's locality: always present, empty without a zone
+// (@grpc/grpc-js-xds refuses a bootstrap whose node has no locality).
 type zoneOnly struct {
-	Zone string `json:"zone"`
+	Zone string `json:"zone,omitempty"`
 }
 
 // envoyCluster is the name of the Envoy bootstrap's static cluster of
@@ -187,10 +189,7 @@ func (o *options) xdsBootstrap(f xdsBootstrapFlags) error {
 			}
 		}
 	}
-	node := bootstrapNode{ID: f.nodeID}
-	if f.zone != "" {
-		node.Locality = &zoneOnly{Zone: f.zone}
-	}
+	node := bootstrapNode{ID: f.nodeID, Locality: &zoneOnly{Zone: f.zone}}
 	if f.envoy {
 		node.Cluster = "regnode-xds-clients"
 		return o.printJSON(envoyBootstrap(eps, files.Enabled(), tlsConfig{
@@ -266,7 +265,7 @@ func envoyBootstrap(eps []string, useTLS bool, files tlsConfig, node bootstrapNo
 		cluster["transport_socket"] = obj{"name": "envoy.transport_sockets.tls", "typed_config": upstream}
 	}
 	n := obj{"id": node.ID, "cluster": node.Cluster}
-	if node.Locality != nil {
+	if node.Locality.Zone != "" {
 		n["locality"] = obj{"zone": node.Locality.Zone}
 	}
 	return obj{

@@ -197,8 +197,10 @@ func TestXDSBootstrapGRPCFields(t *testing.T) {
 	if id, _ := at(t, v, "node", "id").(string); !strings.HasPrefix(id, host+"-") || len(id) != len(host)+9 {
 		t.Fatalf("default node id %q, want %s-<8 hex>", id, host)
 	}
-	if _, ok := at(t, v, "node").(map[string]any)["locality"]; ok {
-		t.Fatalf("a locality without --zone: %v", at(t, v, "node"))
+	// An empty locality without --zone: @grpc/grpc-js-xds refuses a node
+	// without one.
+	if loc, ok := at(t, v, "node", "locality").(map[string]any); !ok || len(loc) != 0 {
+		t.Fatalf("node %v, want an empty locality without --zone", at(t, v, "node"))
 	}
 	if at(t, v, "xds_servers", 0, "server_uri") != "127.0.0.1:7400" {
 		t.Fatalf("default endpoint: %v", at(t, v, "xds_servers"))
