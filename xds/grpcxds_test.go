@@ -113,12 +113,25 @@ func xdsChild(t *testing.T, addr, service, zone string) func(n int) childReport 
 			"server_features": []string{"xds_v3"}}},
 		"node": node,
 	})
+	cmd := exec.Command(os.Args[0], "-test.run=^TestXDSChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "REGISTRY_XDS_CHILD="+service)
+	return startChild(t, cmd, boot)
+}
+
+// startChild writes the bootstrap boot to a file, starts cmd with
+// GRPC_XDS_BOOTSTRAP naming it, and returns its "call N": cmd reads
+// "call N" lines and answers each with a JSON childReport line. The child
+// is killed when the test ends.
+func startChild(t *testing.T, cmd *exec.Cmd, boot []byte) func(n int) childReport {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "bootstrap.json")
 	if err := os.WriteFile(path, boot, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestXDSChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "REGISTRY_XDS_CHILD="+service, "GRPC_XDS_BOOTSTRAP="+path)
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "GRPC_XDS_BOOTSTRAP="+path)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +146,20 @@ func xdsChild(t *testing.T, addr, service, zone string) func(n int) childReport 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stdin.Close(); _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			mu.Lock()
+			defer mu.Unlock()
+			s := stderr.String()
+			if len(s) > 8<<10 {
+				s = s[len(s)-8<<10:]
+			}
+			t.Logf("the xDS child %s's stderr ends: %s", filepath.Base(cmd.Path), s)
+		}
+	})
 	lines := bufio.NewScanner(stdout)
 	return func(n int) childReport {
 		t.Helper()
@@ -148,7 +174,7 @@ func xdsChild(t *testing.T, addr, service, zone string) func(n int) childReport 
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		t.Fatalf("the xDS child said nothing (stderr: %s)", stderr.String())
+		t.Fatalf("the xDS child %s said nothing (stderr: %s)", filepath.Base(cmd.Path), stderr.String())
 		return childReport{}
 	}
 }

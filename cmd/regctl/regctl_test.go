@@ -44,6 +44,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(watchChildEnv); addr != "" {
 		os.Exit(watchChild(addr)) // this process is a test's Watch client (drain_wait_test.go)
 	}
+	if service := os.Getenv(xdsChildEnv); service != "" {
+		os.Exit(xdsChild(service)) // this process is a test's xDS client (xds_test.go)
+	}
 	dir, err := os.MkdirTemp("", "regctl-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

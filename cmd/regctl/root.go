@@ -89,8 +89,8 @@ func newRootCmd(o *options) *cobra.Command {
 		Long: `regctl operates an etcd-backed service registry through its regnodes.
 
 It lists services and instances, registers an instance from the shell,
-drains, undrains and deregisters instances, follows their changes, and
-shows cluster status.
+drains, undrains and deregisters instances, follows their changes,
+shows cluster status, and prints xDS bootstraps naming the regnodes.
 Endpoints come from --endpoints, else $REGCTL_ENDPOINTS, else 127.0.0.1:7400.
 --cacert, --cert and --key (else $REGCTL_CACERT, $REGCTL_CERT, $REGCTL_KEY)
 talk TLS to regnodes serving it, as etcdctl's do to etcd.
@@ -151,6 +151,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.`,
 		newWatchCmd(o),
 		newVersionCmd(o),
 		newTokenCmd(o),
+		newXDSCmd(o),
 	)
 	return root
 }
@@ -219,9 +220,8 @@ func (o *options) connect(logger *slog.Logger) (*client.Client, error) {
 	return c, err
 }
 
-// transport is the TLS configuration of --cacert, --cert and --key (each
-// else from its variable), or nil for plaintext when none is set.
-func (o *options) transport(logger *slog.Logger) (*tls.Config, error) {
+// tlsFiles is --cacert, --cert and --key, each else from its variable.
+func (o *options) tlsFiles() tlsfiles.Client {
 	files := o.tls
 	for _, v := range []struct {
 		dst *string
@@ -231,6 +231,13 @@ func (o *options) transport(logger *slog.Logger) (*tls.Config, error) {
 			*v.dst = o.getenv(v.env)
 		}
 	}
+	return files
+}
+
+// transport is the TLS configuration of --cacert, --cert and --key (each
+// else from its variable), or nil for plaintext when none is set.
+func (o *options) transport(logger *slog.Logger) (*tls.Config, error) {
+	files := o.tlsFiles()
 	if !files.Enabled() {
 		return nil, nil
 	}
