@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/internal/checkspec"
@@ -75,9 +77,11 @@ type RegisterAnswer struct {
 	TTLSeconds int64  `json:"ttl_seconds"`
 	// Secret is the registration's: keep it to renew and deregister. It
 	// is never shown again.
-	Secret   string          `json:"secret"`
-	Revision int64           `json:"revision"`
-	Instance render.Instance `json:"instance"`
+	Secret   string `json:"secret"`
+	Revision int64  `json:"revision"`
+	// Instance is the record as registered, in regctl's JSON field names
+	// (what GET .../instances/{id} answers).
+	Instance json.RawMessage `json:"instance"`
 }
 
 // KeepAliveAnswer is a renewal's 200 body.
@@ -136,9 +140,14 @@ func (a *API) register(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Registry-Revision", strconv.FormatInt(resp.GetRevision(), 10))
 	w.Header().Set("Location", Prefix+"services/"+service+"/instances/"+resp.GetInstance().GetId())
+	inst, err := json.Marshal(render.NewInstance(resp.GetInstance()))
+	if err != nil {
+		a.writeRPCError(w, r, status.Errorf(codes.Internal, "encode the instance: %v", err))
+		return
+	}
 	writeJSON(w, http.StatusCreated, RegisterAnswer{LeaseID: render.HexID(uint64(resp.GetLeaseId())),
 		TTL: ttlText(resp.GetTtlSeconds()), TTLSeconds: resp.GetTtlSeconds(), Secret: resp.GetSecret(),
-		Revision: resp.GetRevision(), Instance: render.NewInstance(resp.GetInstance())})
+		Revision: resp.GetRevision(), Instance: inst})
 }
 
 // ownerCall checks a keepalive's or deregistration's path, query and

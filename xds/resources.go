@@ -12,6 +12,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -62,16 +63,32 @@ func route(service string) *routev3.RouteConfiguration {
 	}}}
 }
 
-// cluster is Cluster service: endpoints from EDS over ADS, round robin.
-// Locality-weighted balancing is asked of Envoy (it then honours the
-// locality weights that carry registry weights); gRPC always honours
-// them.
+// h2 are the upstream protocol options that make Envoy speak HTTP/2 to
+// the instances (registered instances are gRPC servers); gRPC clients
+// ignore them.
+var h2 = func() *anypb.Any {
+	a, err := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}})
+	if err != nil {
+		panic(err) // a fixed message: it always marshals
+	}
+	return a
+}()
+
+// cluster is Cluster service: endpoints from EDS over ADS, round robin,
+// HTTP/2 to the instances. Locality-weighted balancing is asked of Envoy
+// (it then honours the locality weights that carry registry weights);
+// gRPC always honours them.
 func cluster(service string) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
-		Name:                 service,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
-		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads(), ServiceName: service},
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": h2},
+		Name:                          service,
+		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:              &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads(), ServiceName: service},
+		LbPolicy:                      clusterv3.Cluster_ROUND_ROBIN,
 		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{
 			LocalityConfigSpecifier: &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig_{
 				LocalityWeightedLbConfig: &clusterv3.Cluster_CommonLbConfig_LocalityWeightedLbConfig{}},

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -144,5 +145,14 @@ func TestClassify(t *testing.T) {
 		if got := classify(tc.n); got != tc.want {
 			t.Errorf("classify(%v) = %v, want %v", tc.n, got, tc.want)
 		}
+	}
+}
+
+// Envoy is asked for HTTP/2 to the instances (they are gRPC servers).
+func TestClusterAsksEnvoyForHTTP2(t *testing.T) {
+	opts := cluster("orders").TypedExtensionProtocolOptions["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+	p := &upstreamhttpv3.HttpProtocolOptions{}
+	if opts == nil || opts.UnmarshalTo(p) != nil || p.GetExplicitHttpConfig().GetHttp2ProtocolOptions() == nil {
+		t.Fatalf("cluster's upstream protocol options: %v", opts)
 	}
 }

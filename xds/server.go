@@ -55,15 +55,23 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/regcluster/registry/cache"
-	"github.com/regcluster/registry/internal/fanout"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
+// View is the regnode's in-memory view of every instance, as the Server
+// follows it: ready once loaded, a channel closed at its next change,
+// and its current snapshot (the regnode's fan-out hub is one).
+type View interface {
+	Ready() <-chan struct{}
+	Changed() <-chan struct{}
+	Snapshot() *cache.Snapshot
+}
+
 // Config configures a Server. Zero fields take DefaultConfig's values.
 type Config struct {
-	// Hub is the regnode's fan-out: the Server follows every service
+	// Hub is the regnode's view: the Server follows every service
 	// through it (required).
-	Hub *fanout.Hub
+	Hub View
 	// Coalesce is the least time between two builds (default 20ms): a
 	// change after a quiet spell is built at once, a burst's changes wait
 	// for the window's end and go out as one version.
@@ -196,7 +204,7 @@ func (s *Server) Run(ctx context.Context) error {
 	)
 	for {
 		changed := s.cfg.Hub.Changed() // before the read: no change falls between
-		if snap := s.cfg.Hub.Cache().Snapshot(); snap != last {
+		if snap := s.cfg.Hub.Snapshot(); snap != last {
 			s.rebuild(snap)
 			last, built = snap, time.Now()
 		}

@@ -678,6 +678,9 @@ func (h *Hub) WaitRevision(ctx context.Context, rev int64) (*cache.Snapshot, str
 	}
 }
 
+// Snapshot is the hub's cache as it is now.
+func (h *Hub) Snapshot() *cache.Snapshot { return h.cache.Snapshot() }
+
 // Changed returns a channel closed when the hub next publishes a tick:
 // a transaction applied to its cache, or etcd's progress. A consumer that
 // reads the cache as a whole (the xDS server) waits on it instead of
