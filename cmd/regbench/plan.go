@@ -148,9 +148,11 @@ func fingerprint(set map[string]string) uint64 {
 }
 
 // namespaces of one service: ours (the registry prefix regnode follows),
-// direct (the same layout and records under another prefix, followed by
-// plain etcd watchers), naming (an etcd naming target for endpoints.Manager
-// and etcd's gRPC resolver).
+// xds (the same records in the registry under another service name,
+// xdsService(service), which xDS streams follow, so that neither they nor
+// ours carry the other's changes), direct (the same layout and records
+// under another prefix, followed by plain etcd watchers), naming (an etcd
+// naming target for endpoints.Manager and etcd's gRPC resolver).
 type namespaces struct {
 	ours, direct record.Keys
 	target       string
@@ -158,6 +160,17 @@ type namespaces struct {
 }
 
 const directPrefix = "/regbench/direct/"
+
+// xdsService is the registry service whose records copy service's for the
+// xDS streams.
+func xdsService(service string) string { return service + "-x" }
+
+// asXDS is in with the xds namespace's service name, encoded.
+func asXDS(in *registryv1.Instance) ([]byte, error) {
+	c := proto.Clone(in).(*registryv1.Instance)
+	c.Service = xdsService(in.Service)
+	return record.Encode(c)
+}
 
 func newNamespaces(cli *clientv3.Client, service string) (*namespaces, error) {
 	target := "regbench/naming/" + service
@@ -179,6 +192,13 @@ func (ns *namespaces) writeInitial(ctx context.Context, cli *clientv3.Client, p 
 			return err
 		}
 		if _, err := cli.Put(ctx, ns.direct.Instance(in.Service, in.Id), string(v)); err != nil {
+			return err
+		}
+		xv, err := asXDS(in)
+		if err != nil {
+			return err
+		}
+		if _, err := cli.Put(ctx, ns.ours.Instance(xdsService(in.Service), in.Id), string(xv)); err != nil {
 			return err
 		}
 		if err := ns.em.AddEndpoint(ctx, ns.target+"/"+in.Id, endpoints.Endpoint{Addr: endpointAddr(in.Id, -1)}); err != nil {
@@ -206,11 +226,20 @@ func (ns *namespaces) apply(ctx context.Context, cli *clientv3.Client, which str
 		}
 		return commit{key: int64(i), at: time.Now()}, err
 	default:
-		keys := ns.ours
-		if which == "direct" {
+		keys, service, val := ns.ours, p.service, op.val
+		switch which {
+		case "direct":
 			keys = ns.direct
+		case "xds":
+			service = xdsService(p.service)
+			if op.inst != nil {
+				var err error
+				if val, err = asXDS(op.inst); err != nil {
+					return commit{}, err
+				}
+			}
 		}
-		key := keys.Instance(p.service, op.id)
+		key := keys.Instance(service, op.id)
 		var rev int64
 		if op.inst == nil {
 			resp, err := cli.Delete(ctx, key)
@@ -219,7 +248,7 @@ func (ns *namespaces) apply(ctx context.Context, cli *clientv3.Client, which str
 			}
 			rev = resp.Header.Revision
 		} else {
-			resp, err := cli.Put(ctx, key, string(op.val))
+			resp, err := cli.Put(ctx, key, string(val))
 			if err != nil {
 				return commit{}, err
 			}
@@ -234,6 +263,7 @@ func (ns *namespaces) cleanup(ctx context.Context, cli *clientv3.Client, service
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_, _ = cli.Delete(ctx, ns.ours.Service(service), clientv3.WithPrefix())
+	_, _ = cli.Delete(ctx, ns.ours.Service(xdsService(service)), clientv3.WithPrefix())
 	_, _ = cli.Delete(ctx, ns.direct.Service(service), clientv3.WithPrefix())
 	_, _ = cli.Delete(ctx, ns.target+"/", clientv3.WithPrefix())
 }
