@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,9 +166,11 @@ func TestEnvoyNodeResources(t *testing.T) {
 	}
 }
 
-// With --auth an xDS stream needs a token with read on every service: none
-// is Unauthenticated, a token scoped to one service is PermissionDenied,
-// a read-all token is served.
+// With --auth an xDS stream needs a token and is served only what the
+// token may read: none is Unauthenticated; a token scoped to orders gets
+// orders and not payments (absent, as a service that does not exist), and
+// a wildcard subscription is refused to it (PermissionDenied); a read-all
+// token gets both, by name or by wildcard.
 func TestXDSAuth(t *testing.T) {
 	m := etcdtest.Start(t, false)
 	dir := t.TempDir()
@@ -183,6 +186,16 @@ func TestXDSAuth(t *testing.T) {
 	defer admin.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	var rev int64
+	for _, svc := range []string{"orders", "payments"} {
+		r, err := admin.API().Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute),
+			Instance: &registryv1.Instance{Service: svc, Id: "i0", Address: "10.0.0.1:80"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = r.Revision
+	}
+	rn.WaitRevision(t, rev)
 	mk := func(name string, kind registryv1.TokenScope_Kind, value string) string {
 		r, err := admin.Tokens().CreateToken(ctx, &registryv1.CreateTokenRequest{Name: name, Role: registryv1.TokenRole_TOKEN_ROLE_READ,
 			Scope: &registryv1.TokenScope{Kind: kind, Value: value}})
@@ -193,28 +206,53 @@ func TestXDSAuth(t *testing.T) {
 	}
 	all, one := mk("xds-all", registryv1.TokenScope_KIND_ALL, ""), mk("xds-one", registryv1.TokenScope_KIND_SERVICE, "orders")
 	ads := adsClient(t, rn.Addr)
-	try := func(tok string) error {
+	// listeners asks for listeners by name (none: a wildcard) and returns
+	// the names served, waiting until the regnode's xDS view has both.
+	listeners := func(tok string, names ...string) ([]string, error) {
 		sctx := ctx
 		if tok != "" {
 			sctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
 		}
 		s, err := ads.StreamAggregatedResources(sctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := s.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ListenerType}); err != nil {
-			return err
+		// A refused stream may end before the request is sent (EOF); its
+		// status comes from Recv either way.
+		_ = s.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ListenerType, ResourceNames: names})
+		resp, err := s.Recv()
+		if err != nil {
+			return nil, err
 		}
-		_, err = s.Recv()
-		return err
+		var got []string
+		for _, a := range resp.Resources {
+			l := &listenerv3.Listener{}
+			if err := a.UnmarshalTo(l); err != nil {
+				return nil, err
+			}
+			got = append(got, l.Name)
+		}
+		slices.Sort(got)
+		return got, nil
 	}
-	for _, tc := range []struct {
-		tok  string
-		want codes.Code
-	}{{"", codes.Unauthenticated}, {one, codes.PermissionDenied}, {all, codes.OK}} {
-		if err := try(tc.tok); status.Code(err) != tc.want {
-			t.Errorf("xDS stream (with a token: %v): %v, want %v", tc.tok != "", err, tc.want)
-		}
+	if _, err := listeners("", "orders"); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("no token: %v, want Unauthenticated", err)
+	}
+	waitFor(t, 30*time.Second, "the xDS view of both services", func() bool {
+		got, err := listeners(all)
+		return err == nil && slices.Equal(got, []string{"orders", "payments"})
+	})
+	if got, err := listeners(all, "orders", "payments"); err != nil || !slices.Equal(got, []string{"orders", "payments"}) {
+		t.Errorf("read-all token by name: %v, %v", got, err)
+	}
+	if got, err := listeners(one, "orders", "payments"); err != nil || !slices.Equal(got, []string{"orders"}) {
+		t.Errorf("token scoped to orders, asking for orders and payments: %v, %v; want orders alone", got, err)
+	}
+	if got, err := listeners(one, "payments"); err != nil || len(got) != 0 {
+		t.Errorf("token scoped to orders, asking for payments alone: %v, %v; want nothing", got, err)
+	}
+	if _, err := listeners(one); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("token scoped to orders, wildcard: %v, want PermissionDenied", err)
 	}
 }
 
@@ -231,9 +269,9 @@ func TestXDSStreamsCapped(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := ads.StreamAggregatedResources(ctx)
 		if err == nil {
-			err = s.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ListenerType})
-		}
-		if err == nil {
+			// A refused stream may end before the request is sent (EOF);
+			// its status comes from Recv either way.
+			_ = s.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ListenerType})
 			_, err = s.Recv()
 		}
 		return cancel, err

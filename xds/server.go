@@ -84,6 +84,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the Server's metrics (nil: none).
 	Registerer prometheus.Registerer
+	// Scope, if set, says what the client of an xDS stream may read (ctx
+	// is the stream's): every service, or those canRead allows; the
+	// others are never served to it (scope.go). Nil: every service.
+	Scope func(ctx context.Context) (all bool, canRead func(service string) bool)
 }
 
 // DefaultConfig is the Config a zero one runs with.
@@ -132,7 +136,8 @@ type Server struct {
 
 	prefix string // versions' prefix: random to this process
 
-	acks *tracker // the streams and what they acknowledged (acks.go)
+	acks   *tracker // the streams and what they acknowledged (acks.go)
+	scopes *scopes  // what each stream may read (scope.go)
 
 	// mu serializes builds and guards what they read and write.
 	mu       sync.Mutex
@@ -170,7 +175,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("xds: version prefix: %w", err)
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), prefix: hex.EncodeToString(nonce[:]) + "-",
-		built: map[string]*built{}, variants: map[variant]*assignCache{}, acks: newTracker()}
+		built: map[string]*built{}, variants: map[variant]*assignCache{}, acks: newTracker(),
+		scopes: &scopes{of: cfg.Scope, m: map[int64]scope{}}}
 	s.m = newMetrics(cfg.Registerer)
 	s.caches = newCaches(s.prefix, s.assignments)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -367,6 +373,12 @@ func (s *Server) panicChange(svc string, old, now *built) {
 	}
 }
 
+// wildcardType reports whether an empty subscription of typeURL is a
+// wildcard (listeners and clusters: every one there is).
+func wildcardType(typeURL string) bool {
+	return typeURL == resourcev3.ListenerType || typeURL == resourcev3.ClusterType
+}
+
 // callbacks count streams, ACKs and NACKs, and log each NACK with the
 // client's error (the client keeps its last good version).
 func (s *Server) callbacks() serverv3.Callbacks {
@@ -379,16 +391,33 @@ func (s *Server) callbacks() serverv3.Callbacks {
 		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
 			s.m.streams.WithLabelValues("sotw").Inc()
 			s.acks.open(ctx, id)
+			s.scopes.open(ctx, id)
 			return nil
 		},
-		StreamClosedFunc: func(id int64, _ *corev3.Node) { s.m.streams.WithLabelValues("sotw").Dec(); s.acks.close(id) },
+		StreamClosedFunc: func(id int64, _ *corev3.Node) {
+			s.m.streams.WithLabelValues("sotw").Dec()
+			s.acks.close(id)
+			s.scopes.close(id)
+		},
 		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
 			s.m.streams.WithLabelValues("delta").Inc()
 			s.acks.open(ctx, id)
+			s.scopes.open(ctx, id)
 			return nil
 		},
-		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { s.m.streams.WithLabelValues("delta").Dec(); s.acks.close(id) },
+		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) {
+			s.m.streams.WithLabelValues("delta").Dec()
+			s.acks.close(id)
+			s.scopes.close(id)
+		},
 		StreamRequestFunc: func(id int64, r *discoverygrpc.DiscoveryRequest) error {
+			// Cut to what the client may read before the caches see it
+			// (the server builds the subscription after this callback).
+			names, err := s.scopes.cut(id, r.GetTypeUrl(), r.GetResourceNames(), len(r.GetResourceNames()) == 0 && wildcardType(r.GetTypeUrl()))
+			if err != nil {
+				return err
+			}
+			r.ResourceNames = names
 			var refused *string
 			switch {
 			case r.GetErrorDetail() != nil:
@@ -408,6 +437,13 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			s.acks.response(id, r.GetTypeUrl(), r.GetNonce(), r.GetVersionInfo())
 		},
 		StreamDeltaRequestFunc: func(id int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
+			first := r.GetResponseNonce() == "" && len(r.GetInitialResourceVersions()) == 0
+			names, err := s.scopes.cut(id, r.GetTypeUrl(), r.GetResourceNamesSubscribe(),
+				first && len(r.GetResourceNamesSubscribe()) == 0 && wildcardType(r.GetTypeUrl()))
+			if err != nil {
+				return err
+			}
+			r.ResourceNamesSubscribe = names
 			var refused *string
 			switch {
 			case r.GetErrorDetail() != nil:

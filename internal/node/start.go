@@ -253,8 +253,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		limitKey func(context.Context) string
 		tokens   *server.Tokens
 	)
-	if cfg.Auth { // auth.go
-		var check *server.Auth
+	var check *server.Auth // with --auth
+	if cfg.Auth {          // auth.go
 		if check, tokens, err = n.startAuth(ctx); err != nil {
 			return nil, err
 		}
@@ -280,7 +280,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	// xDS for every language, fed by the fan-out (started with the API
 	// below); a drain waits for its clients' ACKs.
-	xs, err := xds.New(xds.Config{Hub: n.hub, Logger: n.log, Registerer: n.metrics.Registry})
+	xcfg := xds.Config{Hub: n.hub, Logger: n.log, Registerer: n.metrics.Registry}
+	if check != nil { // an xDS client is served what its token may read
+		xcfg.Scope = func(ctx context.Context) (bool, func(string) bool) {
+			return check.CanRead(ctx, ""), func(service string) bool { return check.CanRead(ctx, service) }
+		}
+	}
+	xs, err := xds.New(xcfg)
 	if err != nil {
 		return nil, err
 	}

@@ -197,10 +197,11 @@ var errTokenGone = errors.New("token revoked or expired")
 // Watch at once, a KeepAlive at its next request (its context is gone).
 func (a *Auth) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if strings.HasPrefix(info.FullMethod, xdsService) {
-			return a.xds(srv, ss, handler)
-		}
 		method := registryMethod(info.FullMethod)
+		xds := strings.HasPrefix(info.FullMethod, xdsService)
+		if xds {
+			method = "xDS"
+		}
 		if method == "" {
 			return handler(srv, ss)
 		}
@@ -227,7 +228,13 @@ func (a *Auth) Stream() grpc.StreamServerInterceptor {
 			case <-ctx.Done():
 			}
 		}()
-		err = handler(srv, &authStream{ServerStream: ss, a: a, r: r, method: method, ctx: ctx})
+		if xds {
+			// Any token may open it; what it is served is what its scope
+			// may read (CanRead, package xds's Config.Scope).
+			err = handler(srv, &ctxStream{ServerStream: ss, ctx: ctx})
+		} else {
+			err = handler(srv, &authStream{ServerStream: ss, a: a, r: r, method: method, ctx: ctx})
+		}
 		cancel(nil)
 		<-done
 		if errors.Is(context.Cause(ctx), errTokenGone) {
@@ -235,6 +242,22 @@ func (a *Auth) Stream() grpc.StreamServerInterceptor {
 		}
 		return err
 	}
+}
+
+// ctxStream is a stream with the context of its token check.
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+// CanRead reports whether the token of ctx (a call or stream this Auth
+// checked) may read service ("": every service). An xDS stream is served
+// only what its token may read.
+func (a *Auth) CanRead(ctx context.Context, service string) bool {
+	r, ok := token.FromContext(ctx)
+	return ok && a.cache.Authorize(r, token.Watch, service) == nil
 }
 
 // xdsService is the prefix of the xDS streams' methods (package xds).
@@ -256,21 +279,6 @@ func (s *Server) LimitXDS() grpc.StreamServerInterceptor {
 		defer release()
 		return handler(srv, ss)
 	}
-}
-
-// xds checks an xDS stream: an xDS client is served the resources of
-// every service, so its token needs read on every service ("" scope
-// all); a narrower token is refused, never served a part.
-func (a *Auth) xds(srv any, ss grpc.ServerStream, handler grpc.StreamHandler) error {
-	const method = "xDS"
-	r, err := a.authenticate(ss.Context(), method)
-	if err != nil {
-		return err
-	}
-	if err := a.cache.Authorize(r, token.Watch, ""); err != nil {
-		return a.refuse(ss.Context(), method, err)
-	}
-	return handler(srv, ss)
 }
 
 type authStream struct {
