@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/balancer/endpointsharding"
 	"google.golang.org/grpc/balancer/pickfirst"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/experimental/balancer/weight"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/serviceconfig"
 
@@ -266,8 +267,13 @@ func (b *lb) buildLocked(now time.Time) (*picker, connectivity.State, time.Time,
 	seen := make(map[string]bool, len(b.children))
 	for _, cs := range b.children {
 		in, ok := InstanceOf(cs.Endpoint)
-		if !ok { // an endpoint from another resolver: routable, default weight
+		if !ok { // an endpoint from another resolver: routable, its weight if it has one
 			in = Instance{Weight: 100, Routable: true, Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING}
+			// As a custom policy of gRPC's xDS client (gRFC A52: regnode's
+			// clusters offer it first), the weight comes from xDS.
+			if w := weight.FromEndpoint(cs.Endpoint).Weight; w > 0 {
+				in.Weight = w
+			}
 		}
 		if in.Lifecycle == registryv1.Lifecycle_LIFECYCLE_DRAINING || len(cs.Endpoint.Addresses) == 0 {
 			continue // DRAINING is never picked

@@ -34,10 +34,12 @@ import (
 	"github.com/regcluster/registry/store"
 )
 
-// backend is a real gRPC server that counts the calls it serves.
+// backend is a real gRPC server that counts the calls it serves, each
+// taking delay.
 type backend struct {
 	addr  string
 	calls atomic.Int64
+	delay atomic.Int64 // nanoseconds
 }
 
 func startBackend(t *testing.T) *backend {
@@ -49,6 +51,7 @@ func startBackend(t *testing.T) *backend {
 	b := &backend{addr: lis.Addr().String()}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		b.calls.Add(1)
+		time.Sleep(time.Duration(b.delay.Load()))
 		return h(ctx, req)
 	}))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
@@ -80,20 +83,36 @@ func TestXDSChild(t *testing.T) {
 	hc := healthpb.NewHealthClient(cc)
 	enc := json.NewEncoder(os.Stdout)
 	in := bufio.NewScanner(os.Stdin)
+	workers := 1 // REGISTRY_XDS_CONCURRENCY: calls in flight at once
+	if c, err := strconv.Atoi(os.Getenv("REGISTRY_XDS_CONCURRENCY")); err == nil && c > 0 {
+		workers = c
+	}
 	for in.Scan() {
 		n, _ := strconv.Atoi(strings.TrimPrefix(in.Text(), "call "))
-		var r childReport
-		for range n {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
-			cancel()
-			if err != nil {
-				r.Failed++
-				r.Err = err.Error()
-			} else {
-				r.OK++
-			}
+		var (
+			r    childReport
+			mu   sync.Mutex
+			next atomic.Int64
+			wg   sync.WaitGroup
+		)
+		for range workers {
+			wg.Go(func() {
+				for next.Add(1) <= int64(n) {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+					cancel()
+					mu.Lock()
+					if err != nil {
+						r.Failed++
+						r.Err = err.Error()
+					} else {
+						r.OK++
+					}
+					mu.Unlock()
+				}
+			})
 		}
+		wg.Wait()
 		if err := enc.Encode(r); err != nil {
 			t.Fatal(err)
 		}
@@ -332,4 +351,46 @@ func gauge(t *testing.T, reg interface {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// A Go client that links the SDK gets its policy, registry_weighted, over
+// xDS (the cluster offers it first, gRFC A52): under concurrent load its
+// P2C least-request moves calls away from a slow instance of equal
+// weight, where gRPC's own round robin (what a client without the SDK
+// gets, as the Python and Node peers show) splits them evenly.
+func TestSDKClientGetsItsPolicyOverXDS(t *testing.T) {
+	rn := regnodetest.Start(t)
+	c, err := client.New(client.Config{Endpoints: []string{rn.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fast, slow := startBackend(t), startBackend(t)
+	slow.delay.Store(int64(20 * time.Millisecond))
+	for i, b := range []*backend{fast, slow} {
+		if _, err := c.API().Register(context.Background(), &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute),
+			Instance: &registryv1.Instance{Service: "orders", Id: fmt.Sprintf("b%d", i), Address: b.addr}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	boot, _ := json.Marshal(map[string]any{
+		"xds_servers": []any{map[string]any{"server_uri": rn.Addr, "channel_creds": []any{map[string]string{"type": "insecure"}},
+			"server_features": []string{"xds_v3"}}},
+		"node": map[string]any{"id": "sdk-policy", "locality": map[string]string{}},
+	})
+	cmd := exec.Command(os.Args[0], "-test.run=^TestXDSChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "REGISTRY_XDS_CHILD=orders", "REGISTRY_XDS_CONCURRENCY=8")
+	call := startChild(t, cmd, boot)
+	if r := call(16); r.Failed != 0 {
+		t.Fatalf("first calls: %s", r.Err)
+	}
+	f0, s0 := fast.calls.Load(), slow.calls.Load()
+	if r := call(400); r.Failed != 0 {
+		t.Fatalf("%d calls failed: %s", r.Failed, r.Err)
+	}
+	f, s := fast.calls.Load()-f0, slow.calls.Load()-s0
+	t.Logf("fast %d, slow %d", f, s)
+	if s*100 > 30*(f+s) {
+		t.Fatalf("the slow instance got %d of %d calls, want < 30%%: the client is not on registry_weighted", s, f+s)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 
+	xdstypev3 "github.com/cncf/xds/go/xds/type/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -12,11 +13,15 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
+	wrrlocalityv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/wrr_locality/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/regcluster/registry/balance"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -78,11 +83,47 @@ var h2 = func() *anypb.Any {
 	return a
 }()
 
-// cluster is Cluster service: endpoints from EDS over ADS, round robin,
-// HTTP/2 to the instances. Locality-weighted balancing is asked of Envoy
-// (it then honours the locality weights that carry registry weights);
-// gRPC always honours them.
-func cluster(service string) *clusterv3.Cluster {
+// grpcPolicies is the load balancing policy list of gRPC clients'
+// clusters (gRFC A52: a client takes the first it supports). First the
+// SDK's own policy, registry_weighted (weighted P2C, ejection, slow
+// start), which a Go client has when it links package balance; then
+// gRPC's default, weighted localities with round robin inside, which
+// every gRPC has: so a client that links the SDK gets its data plane,
+// and any other still gets the registry's weights.
+var grpcPolicies = func() *clusterv3.LoadBalancingPolicy {
+	custom, err := anypb.New(&xdstypev3.TypedStruct{TypeUrl: "type.googleapis.com/" + balance.Name, Value: &structpb.Struct{}})
+	if err != nil {
+		panic(err) // fixed messages: they always marshal
+	}
+	rr, err := anypb.New(&roundrobinv3.RoundRobin{})
+	if err != nil {
+		panic(err)
+	}
+	wrr, err := anypb.New(&wrrlocalityv3.WrrLocality{EndpointPickingPolicy: &clusterv3.LoadBalancingPolicy{
+		Policies: []*clusterv3.LoadBalancingPolicy_Policy{{TypedExtensionConfig: &corev3.TypedExtensionConfig{
+			Name: "envoy.load_balancing_policies.round_robin", TypedConfig: rr}}}}})
+	if err != nil {
+		panic(err)
+	}
+	return &clusterv3.LoadBalancingPolicy{Policies: []*clusterv3.LoadBalancingPolicy_Policy{
+		{TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: balance.Name, TypedConfig: custom}},
+		{TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: "envoy.load_balancing_policies.wrr_locality", TypedConfig: wrr}},
+	}}
+}()
+
+// cluster is Cluster service for clients of kind k: endpoints from EDS
+// over ADS, round robin, HTTP/2 to the instances. Locality-weighted
+// balancing is asked of Envoy (it then honours the locality weights that
+// carry registry weights); gRPC clients get grpcPolicies.
+func cluster(service string, k kind) *clusterv3.Cluster {
+	c := clusterFor(service)
+	if k == kindGRPC {
+		c.LoadBalancingPolicy = grpcPolicies
+	}
+	return c
+}
+
+func clusterFor(service string) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
 		TypedExtensionProtocolOptions: map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": h2},
 		Name:                          service,

@@ -150,9 +150,22 @@ func TestClassify(t *testing.T) {
 
 // Envoy is asked for HTTP/2 to the instances (they are gRPC servers).
 func TestClusterAsksEnvoyForHTTP2(t *testing.T) {
-	opts := cluster("orders").TypedExtensionProtocolOptions["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+	opts := cluster("orders", kindEnvoy).TypedExtensionProtocolOptions["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
 	p := &upstreamhttpv3.HttpProtocolOptions{}
 	if opts == nil || opts.UnmarshalTo(p) != nil || p.GetExplicitHttpConfig().GetHttp2ProtocolOptions() == nil {
 		t.Fatalf("cluster's upstream protocol options: %v", opts)
+	}
+}
+
+// gRPC clients' clusters offer the SDK's policy first (gRFC A52) and
+// gRPC's weighted localities after it; Envoy's carry no policy list.
+func TestClusterPolicies(t *testing.T) {
+	ps := cluster("orders", kindGRPC).GetLoadBalancingPolicy().GetPolicies()
+	if len(ps) != 2 || ps[0].GetTypedExtensionConfig().GetName() != "registry_weighted" ||
+		ps[1].GetTypedExtensionConfig().GetName() != "envoy.load_balancing_policies.wrr_locality" {
+		t.Fatalf("gRPC cluster policies: %v", ps)
+	}
+	if p := cluster("orders", kindEnvoy).GetLoadBalancingPolicy(); p != nil {
+		t.Fatalf("Envoy cluster policies: %v, want none", p)
 	}
 }

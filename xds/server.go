@@ -288,19 +288,20 @@ func (s *Server) rebuild(snap *cache.Snapshot) {
 // updateShared adds the listener, route and cluster of each new service
 // and removes those of the services gone.
 func (s *Server) updateShared(added map[string]types.Resource, gone []string) {
-	ls, rs, cs := map[string]types.Resource{}, map[string]types.Resource{}, map[string]types.Resource{}
+	ls, rs := map[string]types.Resource{}, map[string]types.Resource{}
+	cg, ce := map[string]types.Resource{}, map[string]types.Resource{}
 	for svc := range added {
 		l, err := listener(svc)
 		if err != nil {
 			s.log.Error("listener not built", "service", svc, "err", err)
 			continue
 		}
-		ls[svc], rs[svc], cs[svc] = l, route(svc), cluster(svc)
+		ls[svc], rs[svc], cg[svc], ce[svc] = l, route(svc), cluster(svc, kindGRPC), cluster(svc, kindEnvoy)
 	}
 	for _, u := range []struct {
 		lc  *cachev3.LinearCache
 		res map[string]types.Resource
-	}{{s.caches.listeners, ls}, {s.caches.routes, rs}, {s.caches.clusters, cs}} {
+	}{{s.caches.listeners, ls}, {s.caches.routes, rs}, {s.caches.clusters[kindGRPC], cg}, {s.caches.clusters[kindEnvoy], ce}} {
 		if len(u.res) == 0 && len(gone) == 0 {
 			continue
 		}

@@ -53,12 +53,12 @@ func classify(n *corev3.Node) variant {
 
 // caches is the cache the go-control-plane server serves from: one
 // LinearCache per type for what every client gets alike (listeners,
-// routes, clusters), and per variant for assignments (assignments, from
+// routes), per client kind for clusters, and per variant for assignments (assignments, from
 // the Server: made and filled when the first client of a variant asks).
 type caches struct {
 	listeners   *cachev3.LinearCache
 	routes      *cachev3.LinearCache
-	clusters    *cachev3.LinearCache
+	clusters    map[kind]*cachev3.LinearCache // the load balancing policies differ
 	assignments func(variant) *cachev3.LinearCache
 }
 
@@ -69,7 +69,9 @@ func newCaches(prefix string, assignments func(variant) *cachev3.LinearCache) *c
 	return &caches{assignments: assignments,
 		listeners: cachev3.NewLinearCache(resourcev3.ListenerType, opt),
 		routes:    cachev3.NewLinearCache(resourcev3.RouteType, opt),
-		clusters:  cachev3.NewLinearCache(resourcev3.ClusterType, opt)}
+		clusters: map[kind]*cachev3.LinearCache{
+			kindGRPC:  cachev3.NewLinearCache(resourcev3.ClusterType, opt),
+			kindEnvoy: cachev3.NewLinearCache(resourcev3.ClusterType, opt)}}
 }
 
 func (c *caches) byType(typeURL string, n *corev3.Node) (cachev3.Cache, error) {
@@ -79,7 +81,7 @@ func (c *caches) byType(typeURL string, n *corev3.Node) (cachev3.Cache, error) {
 	case resourcev3.RouteType:
 		return c.routes, nil
 	case resourcev3.ClusterType:
-		return c.clusters, nil
+		return c.clusters[classify(n).kind], nil
 	case resourcev3.EndpointType:
 		return c.assignments(classify(n)), nil
 	}
