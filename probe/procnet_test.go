@@ -14,7 +14,8 @@ const tcpTimeWait = "06"
 
 // socket is one line of /proc/net/tcp or /proc/net/tcp6.
 type socket struct {
-	local, remote int // ports
+	ends          string // "local remote", as the file writes them: the connection
+	local, remote int    // ports
 	state         string
 }
 
@@ -42,7 +43,7 @@ func hostSockets(t testing.TB) []socket {
 			if len(fields) < 4 {
 				continue
 			}
-			out = append(out, socket{local: hexPort(fields[1]), remote: hexPort(fields[2]), state: fields[3]})
+			out = append(out, socket{ends: fields[1] + " " + fields[2], local: hexPort(fields[1]), remote: hexPort(fields[2]), state: fields[3]})
 		}
 		err = sc.Err()
 		_ = f.Close()
