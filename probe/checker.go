@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,10 +45,54 @@ type Config struct {
 	// Logger receives the Checker's own troubles, never probe results
 	// (nil: slog.Default()).
 	Logger *slog.Logger
+	// Agent says who sends the probes, so that an instance's logs tell
+	// which regnode probed it: HTTP probes send Agent.String() as their
+	// User-Agent, gRPC probes as the start of theirs (grpc-go appends
+	// its own name) and Agent.Node as metadata x-registry-prober. A zero
+	// field takes DefaultAgent's.
+	Agent Agent
+}
+
+// Agent names the sender of probes.
+type Agent struct {
+	// Version is the sender's version, a product version without spaces
+	// ("0.1.0"; "": DefaultAgent's).
+	Version string
+	// Node is the sender's name, the regnode's --name ("": DefaultAgent's).
+	// It is sent in an HTTP header and gRPC metadata, so it must be
+	// printable ASCII, without parentheses or backslashes.
+	Node string
+}
+
+// DefaultAgent is what an Agent's zero fields are.
+var DefaultAgent = Agent{Version: "unknown", Node: "unnamed"}
+
+// String is the User-Agent of probes: "regnode/<version> (<node>)".
+func (a Agent) String() string { return "regnode/" + a.Version + " (" + a.Node + ")" }
+
+// maxAgentField bounds Agent's fields: they are sent with every probe.
+const maxAgentField = 128
+
+// agentField reports what is wrong with s as an Agent field ("" if it is
+// fine): HTTP header values and gRPC metadata take printable ASCII only,
+// and the version is a product token, the node a User-Agent comment.
+func agentField(s string, space bool) string {
+	if len(s) > maxAgentField {
+		return fmt.Sprintf("must be at most %d bytes", maxAgentField)
+	}
+	for _, r := range s {
+		if r < 0x20 || r > 0x7e || (r == ' ' && !space) || strings.ContainsRune("()\\", r) {
+			if space {
+				return "must be printable ASCII without parentheses or backslashes"
+			}
+			return "must be printable ASCII without spaces, parentheses or backslashes"
+		}
+	}
+	return ""
 }
 
 // DefaultConfig is the zero Config with its defaults stated.
-func DefaultConfig() Config { return Config{DefaultTimeout: DefaultTimeout} }
+func DefaultConfig() Config { return Config{DefaultTimeout: DefaultTimeout, Agent: DefaultAgent} }
 
 // withDefaults is c with its zero fields set to DefaultConfig's: the one
 // place defaults are filled, for Validate and New.
@@ -57,6 +102,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Agent.Version == "" {
+		c.Agent.Version = DefaultAgent.Version
+	}
+	if c.Agent.Node == "" {
+		c.Agent.Node = DefaultAgent.Node
 	}
 	return c
 }
@@ -68,37 +119,55 @@ func (c Config) Validate() error {
 	if c.DefaultTimeout < 0 {
 		return configerr.New(ErrInvalidConfig, "probe", "DefaultTimeout", c.DefaultTimeout, "must be >= 0 (0: the default)")
 	}
+	if why := agentField(c.Agent.Version, false); why != "" {
+		return configerr.New(ErrInvalidConfig, "probe", "Agent.Version", c.Agent.Version, why)
+	}
+	if why := agentField(c.Agent.Node, true); why != "" {
+		return configerr.New(ErrInvalidConfig, "probe", "Agent.Node", c.Agent.Node, why)
+	}
 	return nil
 }
 
 // Checker runs probes. Create it with New and Close it when done.
 type Checker struct {
 	timeout   time.Duration
+	agent     Agent
+	userAgent string // agent.String()
 	http      *http.Client
 	transport *http.Transport // the Checker's own, closed by Close; nil if Config.HTTPClient
 	dialer    net.Dialer
+	noLinger  bool // TCP probes close with a FIN: only for the benchmarks' comparison
 	grpcOpts  []grpc.DialOption
+	grpcMax   int           // gRPC connections cached at most
+	grpcIdle  time.Duration // a cached gRPC connection unused this long is closed
 	log       *slog.Logger
 
 	inflight sync.WaitGroup // probes running; Close waits for them
+	sweeper  sync.WaitGroup // the idle gRPC connections' sweeper; Close waits for it
 
 	mu struct {
 		sync.Mutex
 		closed bool
-		conns  map[string]*grpc.ClientConn // by address
+		conns  map[string]*grpcConn // by address
+		stop   chan struct{}        // stops the sweeper; nil until it runs
 	}
 }
 
 // New returns a Checker configured by cfg; it fails only if cfg does not
-// Validate. It does no I/O.
+// Validate. It does no I/O and starts no goroutine: the first cached gRPC
+// connection starts the one that closes idle ones.
 func New(cfg Config) (*Checker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	p := &Checker{
-		timeout: cfg.DefaultTimeout,
-		log:     cfg.Logger,
+		timeout:   cfg.DefaultTimeout,
+		agent:     cfg.Agent,
+		userAgent: cfg.Agent.String(),
+		grpcMax:   maxGRPCConns,
+		grpcIdle:  idleConnTimeout,
+		log:       cfg.Logger,
 	}
 	if cfg.HTTPClient != nil {
 		c := *cfg.HTTPClient
@@ -108,8 +177,8 @@ func New(cfg Config) (*Checker, error) {
 		p.transport = newTransport()
 		p.http = &http.Client{Transport: p.transport, CheckRedirect: noRedirect}
 	}
-	p.grpcOpts = append(grpcDialOptions(), cfg.GRPCDialOptions...)
-	p.mu.conns = make(map[string]*grpc.ClientConn)
+	p.grpcOpts = append(grpcDialOptions(p.userAgent), cfg.GRPCDialOptions...)
+	p.mu.conns = make(map[string]*grpcConn)
 	return p, nil
 }
 
@@ -178,23 +247,22 @@ func (p *Checker) begin() bool {
 // Forget closes and drops the cached gRPC connection to address, if any:
 // call it when the instance at address leaves the registry. A probe in
 // flight on that connection fails. Idle HTTP keep-alive connections to the
-// address are not closed here; they expire after 30 seconds idle.
+// address are not closed here; they expire after 90 seconds idle.
 func (p *Checker) Forget(address string) {
 	p.mu.Lock()
-	cc := p.mu.conns[address]
+	c := p.mu.conns[address]
 	delete(p.mu.conns, address)
 	p.mu.Unlock()
-	if cc != nil {
-		if err := cc.Close(); err != nil {
-			p.log.Warn("probe: closing gRPC connection", "address", address, "err", err)
-		}
+	if c != nil {
+		p.closeConn(address, c.cc)
 	}
 }
 
 // Close stops the Checker: new probes return "prober closed" at once, Close
-// waits for the probes in flight (each ends within its timeout), then closes
-// every cached gRPC connection and the idle HTTP connections of the
-// Checker's own transport. Close is idempotent; only the first call waits.
+// waits for the probes in flight (each ends within its timeout), then stops
+// the idle connections' sweeper and closes every cached gRPC connection and
+// the idle HTTP connections of the Checker's own transport. Close is
+// idempotent; only the first call waits.
 func (p *Checker) Close() error {
 	p.mu.Lock()
 	if p.mu.closed {
@@ -204,15 +272,19 @@ func (p *Checker) Close() error {
 	p.mu.closed = true
 	p.mu.Unlock()
 
-	p.inflight.Wait()
+	p.inflight.Wait() // no probe runs now, so none starts the sweeper
 
 	p.mu.Lock()
-	conns := p.mu.conns
+	conns, stop := p.mu.conns, p.mu.stop
 	p.mu.conns = nil
 	p.mu.Unlock()
+	if stop != nil {
+		close(stop)
+	}
+	p.sweeper.Wait()
 	var errs []error
-	for addr, cc := range conns {
-		if err := cc.Close(); err != nil {
+	for addr, c := range conns {
+		if err := c.cc.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("probe: closing gRPC connection to %s: %w", addr, err))
 		}
 	}

@@ -11,7 +11,8 @@
 //
 // The checks, by registry.v1 CheckKind:
 //
-//	TCP   connect to the address and close: OK if the connection opens.
+//	TCP   connect to the address and close with a reset (SO_LINGER 0, so
+//	      no TIME_WAIT is left behind): OK if the connection opens.
 //	HTTP  GET http://<address><target>: 2xx is OK; any other status is
 //	      Unhealthy ("HTTP 503"; a 4xx is "the health endpoint's contract
 //	      failed"; a 3xx is never followed).
@@ -20,7 +21,13 @@
 //	      service are Unhealthy.
 //	NONE  no probe at all: OK.
 //
-// A Checker holds the resources probes reuse: one HTTP client with a bounded
-// pool of keep-alive connections, and one gRPC ClientConn per address. It
-// is safe for concurrent use by many goroutines.
+// Every probe says who sends it (Config.Agent): HTTP probes send
+// User-Agent "regnode/<version> (<node>)", gRPC probes a user-agent that
+// starts with it and metadata x-registry-prober: <node>.
+//
+// A Checker holds the resources probes reuse: one HTTP transport with a
+// bounded pool of keep-alive connections (one per instance, closed after
+// 90s idle), and a bounded cache of gRPC ClientConns, one per address,
+// closed after 90s unused, by Forget or by Close. It is safe for
+// concurrent use by many goroutines.
 package probe

@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/regcluster/registry/health"
@@ -152,30 +154,39 @@ const (
 	modeRedirect = "redirect" // 302 to another host
 	modeSlow     = "slow"     // 200 after httpSlowFor
 	modeHung     = "hung"     // no answer until the client gives up
+	modeClose    = "close"    // 200, closing the connection after it
 )
 
 const httpSlowFor = 150 * time.Millisecond
 
 // httpTarget is a loopback HTTP server answering on /healthz as its mode
-// says, and 404 on any other path.
+// says, and 404 on any other path. It records the User-Agent of the last
+// request and counts the connections it accepted.
 type httpTarget struct {
-	addr     string
-	mode     atomic.Value // string
-	requests atomic.Int64
+	addr      string
+	mode      atomic.Value // string
+	requests  atomic.Int64
+	accepted  atomic.Int64
+	userAgent atomic.Value // string
 }
 
 func newHTTPTarget(t testing.TB) *httpTarget {
 	t.Helper()
 	h := &httpTarget{}
 	h.mode.Store(modeOK)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h.userAgent.Store("")
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.requests.Add(1)
-		if r.URL.Path != "/healthz" || r.Method != http.MethodGet || r.UserAgent() != UserAgent {
+		h.userAgent.Store(r.UserAgent())
+		if r.URL.Path != "/healthz" || r.Method != http.MethodGet {
 			http.NotFound(w, r)
 			return
 		}
 		switch h.mode.Load().(string) {
 		case modeOK:
+			_, _ = w.Write([]byte("ok\n"))
+		case modeClose:
+			w.Header().Set("Connection", "close")
 			_, _ = w.Write([]byte("ok\n"))
 		case modeBig:
 			_, _ = w.Write(make([]byte, 1<<20))
@@ -198,6 +209,12 @@ func newHTTPTarget(t testing.TB) *httpTarget {
 			}
 		}
 	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			h.accepted.Add(1)
+		}
+	}
+	srv.Start()
 	t.Cleanup(srv.Close)
 	h.addr = srv.Listener.Addr().String()
 	return h
@@ -206,11 +223,21 @@ func newHTTPTarget(t testing.TB) *httpTarget {
 func (h *httpTarget) set(mode string) { h.mode.Store(mode) }
 
 // grpcTarget is a loopback gRPC server, with grpc-go's health service
-// unless withHealth is false.
+// unless withHealth is false. It records the metadata of the last call.
 type grpcTarget struct {
 	addr   string
 	health *grpchealth.Server
 	stop   func()
+
+	mu sync.Mutex
+	md metadata.MD
+}
+
+// lastMD is the metadata of the last call the target received.
+func (g *grpcTarget) lastMD() metadata.MD {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.md
 }
 
 func newGRPCTarget(t testing.TB, withHealth bool) *grpcTarget {
@@ -224,8 +251,14 @@ func newGRPCTarget(t testing.TB, withHealth bool) *grpcTarget {
 
 func serveGRPC(t testing.TB, ln net.Listener, withHealth bool) *grpcTarget {
 	t.Helper()
-	srv := grpc.NewServer()
 	g := &grpcTarget{addr: ln.Addr().String()}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		g.mu.Lock()
+		g.md = md
+		g.mu.Unlock()
+		return h(ctx, req)
+	}))
 	if withHealth {
 		g.health = grpchealth.NewServer() // the overall service "" is SERVING
 		healthpb.RegisterHealthServer(srv, g.health)

@@ -15,20 +15,29 @@ import (
 // The bounds of HTTP probes.
 const (
 	// MaxBody is how much of a health endpoint's body a probe reads (and
-	// discards); the rest is never read.
+	// discards); the rest is never read, and the connection is then
+	// closed rather than kept.
 	MaxBody = 4 << 10
-	// UserAgent is sent with every HTTP probe.
-	UserAgent = "regcluster-prober/1"
 
-	maxIdleConns        = 256 // keep-alive connections kept, in all
-	maxIdleConnsPerHost = 1   // one probe at a time per instance
-	idleConnTimeout     = 30 * time.Second
-	maxHeaderBytes      = 64 << 10
+	// Keep-alive connections kept between probes, in all: past it, the
+	// connection of a probe is closed when the probe ends, so a registry
+	// of any size (or one that lists many addresses to fill the pool)
+	// makes the Checker hold at most this many idle connections.
+	maxIdleConns        = 1024
+	maxIdleConnsPerHost = 1 // one probe at a time per instance
+	// idleConnTimeout closes a kept connection (HTTP and gRPC) unused
+	// this long: far above the usual probe interval (1s), so an instance
+	// probed at any interval under it keeps its connection.
+	idleConnTimeout = 90 * time.Second
+	maxHeaderBytes  = 64 << 10
 )
 
 // newTransport returns the Checker's HTTP transport: plain HTTP/1.1 with a
 // bounded keep-alive pool, and no proxy (the environment's proxy settings
-// are for callers, not for reaching instances directly).
+// are for callers, not for reaching instances directly). Probes of one
+// instance reuse one connection as long as the instance keeps it open
+// and its answers are read whole (a body of at most MaxBody); a TCP probe
+// instead opens and resets a connection each time.
 func newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:                  nil,
@@ -57,11 +66,13 @@ func (p *Checker) probeHTTP(ctx context.Context, address, target string, timeout
 	if err != nil {
 		return health.Error, "bad health URL: " + err.Error()
 	}
-	req.Header.Set("User-Agent", UserAgent)
+	req.Header.Set("User-Agent", p.userAgent)
 	resp, err := p.http.Do(req)
 	if err != nil {
 		return failure(ctx, err, timeout)
 	}
+	// Reading the body to its end (within MaxBody) is what lets the
+	// transport keep the connection for the next probe.
 	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, MaxBody))
 	_ = resp.Body.Close()
 	if err != nil {

@@ -22,7 +22,11 @@ import (
 func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) error {
 	m := n.metrics
 	var err error
-	if n.probe, err = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log}); err != nil {
+	// Probes say who sends them: User-Agent "regnode/<Version> (<name>)".
+	// Version, not buildinfo's: it is what Status reports, and a build
+	// from a checkout has buildinfo version "(devel)".
+	if n.probe, err = probe.New(probe.Config{DefaultTimeout: cfg.ProbeTimeout, Logger: n.log,
+		Agent: probe.Agent{Version: Version, Node: cfg.Name}}); err != nil {
 		return err
 	}
 	if err := n.life.Start(ctx, stopper.Component{Name: "probe checker",
