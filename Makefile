@@ -40,12 +40,15 @@ test:
 ## with --auth by token alone) and scale (three regnode processes, 10,000
 ## instances, 1,000 subscribers in child processes; the full 100,000 /
 ## 10,000 by hand: go run ./cmd/regbench scale); table on stderr, JSON
-## lines in bench.json
+## lines in bench.json (firstcall: process start to first successful call;
+## propagate also against S xDS streams); then the prober's rate and each
+## probe kind's cost (probes per CPU-second, TIME_WAIT left)
 bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./internal/server/
 	go test -run '^$$' -bench Pick -benchtime 200000x -count 1 ./balance/
 	go run ./cmd/regbench all -short -json > bench.json
 	go test -run '^$$' -bench . -benchtime 3x -count 1 ./prober/
+	go test -run '^$$' -bench ProbeCost -benchtime 20000x -count 1 ./probe/
 
 ## fuzz: each fuzz target (record's decoder and validators, the token parser,
 ## the auth interceptor's metadata reading, the DNS query handler) for
