@@ -306,3 +306,47 @@ func TestXDSStreamsCapped(t *testing.T) {
 		return false
 	})
 }
+
+// Versions never repeat across regnodes (nor restarts: the prefix is
+// random per process): a client that moves to another regnode with the
+// version it had is sent the whole state again, never told it is
+// current by a version that only looks the same.
+func TestXDSVersionsDifferAcrossRegnodes(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	a := regnodetest.StartExternal(t, m.ClientURL)
+	b := regnodetest.StartExternal(t, m.ClientURL)
+	c, err := client.New(client.Config{Endpoints: []string{a.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := c.API().Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute),
+		Instance: &registryv1.Instance{Service: "orders", Id: "i0", Address: "10.0.0.1:80"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.WaitRevision(t, r.Revision)
+	b.WaitRevision(t, r.Revision)
+	version := func(addr string) string {
+		s, err := adsClient(t, addr).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			_ = s.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"orders"}})
+			resp, err := s.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Resources) == 1 {
+				return resp.VersionInfo
+			}
+		}
+	}
+	va, vb := version(a.Addr), version(b.Addr)
+	if va == "" || va == vb {
+		t.Fatalf("versions of two regnodes for the same view: %q and %q, want different", va, vb)
+	}
+}
