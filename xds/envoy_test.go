@@ -16,6 +16,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -28,6 +29,8 @@ import (
 	"github.com/regcluster/registry/internal/node"
 	"github.com/regcluster/registry/internal/peerlimit"
 	"github.com/regcluster/registry/internal/regnodetest"
+	"github.com/regcluster/registry/internal/tlsfiles"
+	"github.com/regcluster/registry/internal/tlstest"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/store"
 )
@@ -348,5 +351,77 @@ func TestXDSVersionsDifferAcrossRegnodes(t *testing.T) {
 	va, vb := version(a.Addr), version(b.Addr)
 	if va == "" || va == vb {
 		t.Fatalf("versions of two regnodes for the same view: %q and %q, want different", va, vb)
+	}
+}
+
+// With --auth and --client-cert-auth an xDS client may be identified by
+// its verified client certificate alone (gRPC bootstraps carry no token
+// in most languages): it gets the scope of the token named like the
+// certificate's common name, and a certificate that names no token is
+// Unauthenticated.
+func TestXDSClientCertificateIdentity(t *testing.T) {
+	ca, clients := tlstest.NewCA(t, "regnode-ca"), tlstest.NewCA(t, "client-ca")
+	srv := ca.Server(t, "regnode")
+	adminCert, alice, bob := clients.Client(t, "admin"), clients.Client(t, "alice"), clients.Client(t, "bob")
+	m := etcdtest.Start(t, false)
+	dir := t.TempDir()
+	rn := regnodetest.StartWith(t, node.Config{EtcdEndpoints: []string{m.ClientURL}, Auth: true, Embed: embedded.Config{Dir: dir},
+		TLS: tlsfiles.Server{CertFile: srv.CertFile, KeyFile: srv.KeyFile, TrustedCAFile: clients.CertFile, ClientCertAuth: true}}, m.ClientURL)
+	b, err := os.ReadFile(filepath.Join(dir, node.AdminTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := client.New(client.Config{Endpoints: []string{rn.Addr}, Token: strings.TrimSpace(string(b)),
+		TLS: tlstest.ClientConfig(t, ca, &adminCert)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, svc := range []string{"orders", "payments"} {
+		if _, err := admin.API().Register(ctx, &registryv1.RegisterRequest{Ttl: durationpb.New(time.Minute),
+			Instance: &registryv1.Instance{Service: svc, Id: "i0", Address: "10.0.0.1:80"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Tokens().CreateToken(ctx, &registryv1.CreateTokenRequest{Name: "alice", Role: registryv1.TokenRole_TOKEN_ROLE_READ,
+		Scope: &registryv1.TokenScope{Kind: registryv1.TokenScope_KIND_SERVICE, Value: "orders"}}); err != nil {
+		t.Fatal(err)
+	}
+	listeners := func(cert tlstest.Files) ([]string, error) {
+		cc, err := grpc.NewClient(rn.Addr, grpc.WithTransportCredentials(credentials.NewTLS(tlstest.ClientConfig(t, ca, &cert))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		s, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+		if err != nil {
+			return nil, err
+		}
+		_ = s.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ListenerType, ResourceNames: []string{"orders", "payments"}})
+		resp, err := s.Recv()
+		if err != nil {
+			return nil, err
+		}
+		var got []string
+		for _, a := range resp.Resources {
+			l := &listenerv3.Listener{}
+			if err := a.UnmarshalTo(l); err != nil {
+				return nil, err
+			}
+			got = append(got, l.Name)
+		}
+		return got, nil
+	}
+	waitFor(t, 30*time.Second, "alice's certificate served orders alone", func() bool {
+		got, err := listeners(alice)
+		if err != nil {
+			t.Fatalf("alice's certificate: %v", err)
+		}
+		return slices.Equal(got, []string{"orders"})
+	})
+	if _, err := listeners(bob); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), `no token is named "bob"`) {
+		t.Fatalf("a certificate that names no token: %v, want Unauthenticated naming it", err)
 	}
 }

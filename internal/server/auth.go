@@ -12,6 +12,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -205,8 +208,17 @@ func (a *Auth) Stream() grpc.StreamServerInterceptor {
 		if method == "" {
 			return handler(srv, ss)
 		}
-		r, err := a.authenticate(ss.Context(), method)
-		if err != nil {
+		var r *token.Record
+		var err error
+		if cn := certName(ss.Context()); xds && cn != "" && !hasToken(ss.Context()) {
+			// An xDS client may be identified by its verified client
+			// certificate: gRPC bootstraps carry no token in most
+			// languages. It gets the scope of the token named like the
+			// certificate's common name.
+			if r, err = a.cache.ByName(cn); err != nil {
+				return a.refuse(ss.Context(), method, err)
+			}
+		} else if r, err = a.authenticate(ss.Context(), method); err != nil {
 			return err
 		}
 		ctx, cancel := context.WithCancelCause(token.WithRecord(ss.Context(), r))
@@ -242,6 +254,26 @@ func (a *Auth) Stream() grpc.StreamServerInterceptor {
 		}
 		return err
 	}
+}
+
+// certName is the common name of the caller's client certificate when
+// the TLS handshake verified it (--client-cert-auth), else "".
+func certName(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return ""
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+		return ""
+	}
+	return ti.State.VerifiedChains[0][0].Subject.CommonName
+}
+
+// hasToken reports whether the call carries authorization metadata.
+func hasToken(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return len(md.Get("authorization")) > 0
 }
 
 // ctxStream is a stream with the context of its token check.

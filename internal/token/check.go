@@ -144,6 +144,27 @@ func (c *Cache) Authenticate(tok string) (*Record, error) {
 	return r, nil
 }
 
+// ByName is the record of the token named name, for a caller identified
+// otherwise than by the token itself (an xDS client's verified client
+// certificate): Unauthenticated when no such token is live.
+func (c *Cache) ByName(name string) (*Record, error) {
+	select {
+	case <-c.ready:
+	default:
+		return nil, status.Error(codes.Unavailable, "this regnode has not loaded its tokens from etcd yet; try again or another regnode")
+	}
+	c.mu.RLock()
+	r := c.byName[name]
+	c.mu.RUnlock()
+	switch {
+	case r == nil:
+		return nil, status.Errorf(codes.Unauthenticated, "no token is named %q (the client certificate's common name): create one with that name", name)
+	case r.Expired(c.now()):
+		return nil, status.Errorf(codes.Unauthenticated, "token %s expired at %s", r.Name, r.Expires.UTC().Format(time.RFC3339))
+	}
+	return r, nil
+}
+
 // Authorize is nil if r may call m on service (and counts the use), or
 // PermissionDenied naming the token, the service and the role needed.
 func (c *Cache) Authorize(r *Record, m Method, service string) error {
