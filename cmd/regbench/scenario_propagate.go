@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -92,6 +93,9 @@ func runPropagate(ctx context.Context, e *env) (*Result, error) {
 			put("etcd_watchers", watchers)
 			put("changes_per_s", round3(kr.rate))
 			put("cpu_ms_per_change", ms(kr.cpuPerChange))
+			if k == kindOurs || k == kindXDS {
+				put("heap_kib_per_consumer", round3(kr.heapPerConsumer))
+			}
 			put("missed", kr.missed)
 			put("early", kr.early)
 			if k == kindResolver {
@@ -118,6 +122,7 @@ func runPropagate(ctx context.Context, e *env) (*Result, error) {
 	r.note("clients: every kind shares one client connection among %d consumers: ours %d subscriptions per client.New (one gRPC conn, one Subscribe stream, one feed of the service: the regnode holds one subscriber per client); etcd_watch %d clientv3 watchers per clientv3.Client (clientv3 multiplexes them on one gRPC watch stream; etcd still holds one watcher each); etcd_resolver %d resolvers per clientv3.Client", cfg.perClient, cfg.perClient, cfg.perClient, cfg.perClient)
 	r.note("etcd_resolver: the real go.etcd.io/etcd/client/v3/naming/resolver built with a recording resolver.ClientConn standing where grpc's ClientConn would (no balancer), fed by endpoints.Manager writing the same changes as endpoint updates; each update's address list names the change it reflects (every write gives a unique address), so batching cannot hide a change")
 	r.note("xds: S ADS streams (state of the world, as gRPC's xDS clients speak it: the service's endpoints named, each response acknowledged) to the same regnode, one stream per gRPC process that would hold it (grpc-go shares one xDS stream per process); a response's version is mapped by the regnode to the revision it was built from. They follow a copy of the service under another name (the same records, written in their own rounds), so ours and xds never carry each other's changes")
+	r.note("heap_kib_per_consumer: the settled heap (two GCs) the S consumers of that kind added to this process, both ends of their streams (the regnode and the consumers share it), per consumer")
 	r.note("etcd_watch: clientv3 Get then Watch from the next revision on a prefix with the same record layout, decoding each record into a map (what a direct consumer does)")
 	r.note("cpu_ms_per_change: CPU time of the whole process (getrusage: etcd, regnode, writer and the S consumers) during that kind's writing phases, per change")
 	r.note("commit time is taken right after the etcd Put/Delete (or endpoints.Manager call) returns; 'early' counts views that had the change before that (latency counted as 0)")
@@ -130,6 +135,16 @@ type kindResult struct {
 	rate                     float64
 	missed, early, unmatched int
 	cpuPerChange             time.Duration
+	heapPerConsumer          float64 // KiB of settled heap the S consumers added, both ends (in-process)
+}
+
+// settledHeap is the heap in use after two collections.
+func settledHeap() float64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapInuse)
 }
 
 // propagateCase runs every round for S consumers of each kind.
@@ -163,6 +178,7 @@ func propagateCase(ctx context.Context, e *env, etcd *etcdServer, regnode string
 	// ours: S subscriptions over `clients` SDK clients.
 	e.progress.set("S=%d: %d subscriptions", S, S)
 	wa, _ := etcdWatchers()
+	heap0 := settledHeap()
 	var subs []*client.Subscription
 	var regs []*client.Client
 	defer func() {
@@ -203,6 +219,8 @@ func propagateCase(ctx context.Context, e *env, etcd *etcdServer, regnode string
 	sleep(ctx, 100*time.Millisecond)
 	wb, _ := etcdWatchers()
 	out[kindOurs].watchers = wb - wa
+	heap1 := settledHeap()
+	out[kindOurs].heapPerConsumer = (heap1 - heap0) / 1024 / float64(S)
 
 	// xds: S ADS streams to the same regnode, over `clients` connections.
 	if slices.Contains(cfg.propKinds, kindXDS) {
@@ -212,6 +230,8 @@ func propagateCase(ctx context.Context, e *env, etcd *etcdServer, regnode string
 			return nil, err
 		}
 		defer xf.stop()
+		sleep(ctx, 100*time.Millisecond)
+		out[kindXDS].heapPerConsumer = (settledHeap() - heap1) / 1024 / float64(S)
 	}
 
 	// etcd_watch: S watchers over `clients` clientv3 clients.
