@@ -20,7 +20,7 @@ import (
 )
 
 // openADS opens a state-of-the-world ADS stream to addr as node id,
-// asking for service's endpoints, and ACKs the first answer.
+// asking for service's endpoints, and ACKs every answer.
 func openADS(t *testing.T, ctx context.Context, addr, id, service string) {
 	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -36,14 +36,18 @@ func openADS(t *testing.T, ctx context.Context, addr, id, service string) {
 	if err := ss.Send(&discoverygrpc.DiscoveryRequest{Node: n, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{service}}); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := ss.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ss.Send(&discoverygrpc.DiscoveryRequest{Node: n, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{service},
-		VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}); err != nil {
-		t.Fatal(err)
-	}
+	go func() { // ACKs every response, as a client does, until the stream ends
+		for {
+			resp, err := ss.Recv()
+			if err != nil {
+				return
+			}
+			if ss.Send(&discoverygrpc.DiscoveryRequest{Node: n, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{service},
+				VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) != nil {
+				return
+			}
+		}
+	}()
 }
 
 // XdsClients answers a regnode's own xDS streams, and with all every
