@@ -13,6 +13,12 @@
 // and at most every 5 s while progress arrives, because the leader and the
 // members are not in the instance fan-out.
 //
+// An "xDS clients" section lists every regnode's xDS streams (or, with
+// "every regnode" unchecked, this regnode's) from GET /api/v1/xds/clients:
+// regnode, node id, kind, protocol, services followed, the revisions
+// acknowledged and those behind, NACKs; on load, on Refresh and every
+// 10 s (xDS streams live in each regnode's memory, not in the watch).
+//
 // Drain and undrain are real <button>s posting to the API; in read-only
 // mode they are shown disabled with the reason. With Config.Auth (regnode
 // --auth) the page asks for a token and sends it as "Authorization:

@@ -137,6 +137,7 @@ func New(cfg Config) (*API, error) {
 	a.mux.HandleFunc("GET /api/v1/services/{service}/instances", a.listService)
 	a.mux.HandleFunc("GET /api/v1/services/{service}/instances/{id}", a.get)
 	a.mux.HandleFunc("GET /api/v1/status", a.status)
+	a.mux.HandleFunc("GET /api/v1/xds/clients", a.xdsClients)
 	a.mux.HandleFunc("GET /api/v1/watch", a.watch)
 	a.mux.HandleFunc("POST /api/v1/services/{service}/instances/{id}/drain", a.drain)
 	a.mux.HandleFunc("POST /api/v1/services/{service}/instances/{id}/undrain", a.undrain)

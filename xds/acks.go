@@ -1,11 +1,17 @@
 package xds
 
 import (
+	"cmp"
 	"context"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/peer"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
@@ -22,16 +28,27 @@ import (
 // (versions), so what a response carried is known from its own version,
 // never from the cache as it is when the ACK comes.
 
+// The tracker keys a stream by its id, negated for a delta stream
+// (deltaKey): go-control-plane numbers state-of-the-world and delta
+// streams with counters of their own, so the same id names one of each.
+func deltaKey(id int64) int64 { return -id }
+
 // stream is one xDS stream as the tracker follows it.
 type stream struct {
-	node    string // the node id
-	agent   string // the user agent name
-	peer    string // its address as this regnode sees it
-	follows map[string]bool
-	acked   map[string]int64 // service → revision acknowledged
-	sent    map[string]sentResponse
-	nacks   int
-	lastErr string
+	node     string // the node id
+	agent    string // the user agent name
+	peer     string // its address as this regnode sees it
+	protocol string // "sotw" or "delta"
+	opened   time.Time
+	// followedAt is when it last began to follow a service: a response
+	// of a version built before that answers its request, it is no push
+	// of a change (registry_xds_push_seconds counts pushes only).
+	followedAt time.Time
+	follows    map[string]bool
+	acked      map[string]int64 // service → revision acknowledged
+	sent       map[string]sentResponse
+	nacks      int
+	lastErr    string
 }
 
 // sentResponse is what one response (by nonce) carried.
@@ -49,13 +66,24 @@ const maxVersions = 4096
 type tracker struct {
 	mu       sync.Mutex
 	streams  map[int64]*stream
-	versions map[string]int64 // assignment version → revision it was built from
-	order    []string         // versions in the order added, for pruning
-	changed  chan struct{}    // closed (and replaced) when an ACK or a stream changes the answer
+	versions map[string]versionOf // assignment version → the build that made it
+	order    []string             // versions in the order added, for pruning
+	changed  chan struct{}        // closed (and replaced) when an ACK or a stream changes the answer
+	// push observes, per response carrying a version, the time since the
+	// build that made it (registry_xds_push_seconds; nil: none).
+	push prometheus.Observer
+}
+
+// versionOf is the build an assignment version came from: the registry
+// revision it read and when it ran (zero: no change of the registry, as a
+// variant's first version).
+type versionOf struct {
+	rev int64
+	at  time.Time
 }
 
 func newTracker() *tracker {
-	return &tracker{streams: map[int64]*stream{}, versions: map[string]int64{}, changed: make(chan struct{})}
+	return &tracker{streams: map[int64]*stream{}, versions: map[string]versionOf{}, changed: make(chan struct{})}
 }
 
 // notifyLocked wakes the waiters; t.mu is held.
@@ -64,11 +92,12 @@ func (t *tracker) notifyLocked() {
 	t.changed = make(chan struct{})
 }
 
-// version records that assignment version v was built from revision rev.
-func (t *tracker) version(v string, rev int64) {
+// version records that assignment version v was built from revision rev
+// by the build at time at.
+func (t *tracker) version(v string, rev int64, at time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.versions[v] = rev
+	t.versions[v] = versionOf{rev: rev, at: at}
 	t.order = append(t.order, v)
 	if len(t.order) > maxVersions {
 		drop := len(t.order) - maxVersions
@@ -84,9 +113,14 @@ func (t *tracker) open(ctx context.Context, id int64) {
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()
 	}
+	protocol := "sotw"
+	if id < 0 { // deltaKey
+		protocol = "delta"
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.streams[id] = &stream{peer: addr, follows: map[string]bool{}, acked: map[string]int64{}, sent: map[string]sentResponse{}}
+	t.streams[id] = &stream{peer: addr, protocol: protocol, opened: time.Now(),
+		follows: map[string]bool{}, acked: map[string]int64{}, sent: map[string]sentResponse{}}
 }
 
 func (t *tracker) close(id int64) {
@@ -115,10 +149,15 @@ func (t *tracker) request(id int64, n *corev3.Node, typeURL, nonce string, nack 
 		return
 	}
 	before := len(s.follows)
+	old := s.follows
 	if sotw { // the full list, each time
+		old = maps.Clone(s.follows)
 		clear(s.follows)
 	}
 	for _, name := range subscribe {
+		if !old[name] {
+			s.followedAt = time.Now()
+		}
 		s.follows[name] = true
 	}
 	for _, name := range unsubscribe {
@@ -155,8 +194,15 @@ func (t *tracker) response(id int64, typeURL, nonce, version string) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s, rev := t.streams[id], t.versions[version]
-	if s == nil || rev == 0 || len(s.follows) == 0 {
+	s, vo := t.streams[id], t.versions[version]
+	if s == nil || vo.rev == 0 {
+		return
+	}
+	if t.push != nil && !vo.at.IsZero() && vo.at.After(s.followedAt) {
+		t.push.Observe(time.Since(vo.at).Seconds())
+	}
+	rev := vo.rev
+	if len(s.follows) == 0 {
 		return
 	}
 	services := make([]string, 0, len(s.follows))
@@ -186,4 +232,91 @@ func (t *tracker) Pending(service string, rev int64) (clients int, laggards []*r
 		}
 	}
 	return clients, laggards, t.changed
+}
+
+// ClientInfo is one xDS stream a Server serves, as Server.Clients
+// reports it.
+type ClientInfo struct {
+	// StreamID is the stream's id on this Server, counted from its start
+	// for each Protocol apart (a sotw and a delta stream may share one).
+	StreamID int64
+	// NodeID is the client's node id (its bootstrap's node.id; "" until
+	// its first request names it).
+	NodeID string
+	// Kind is "grpc" or "envoy", from the user agent; "other" if neither.
+	Kind string
+	// UserAgent is the node's user_agent_name.
+	UserAgent string
+	// Peer is the client's address as this regnode sees it.
+	Peer string
+	// Protocol is "sotw" (state of the world) or "delta" (incremental).
+	Protocol string
+	// Services are the services whose endpoints it follows, by name.
+	Services []FollowedService
+	// NACKs counts the versions it refused; LastNACK is the error its
+	// last NACK carried ("" if none).
+	NACKs    int
+	LastNACK string
+	// Connected is when the stream opened.
+	Connected time.Time
+}
+
+// FollowedService is one service an xDS stream follows.
+type FollowedService struct {
+	Service string
+	// Acked is the revision of the last endpoints of it the client
+	// acknowledged (0: none yet).
+	Acked int64
+	// Revision is the revision of the endpoints the Server serves for it
+	// now: the last change of the service it built (0: no such service).
+	// Acked < Revision: the client has not applied them yet.
+	Revision int64
+}
+
+// kindOf is a client's kind from its user agent name: Envoy says
+// "envoy", gRPC's xDS clients "gRPC <language>".
+func kindOf(agent string) string {
+	a := strings.ToLower(agent)
+	switch {
+	case strings.Contains(a, "envoy"):
+		return "envoy"
+	case strings.HasPrefix(a, "grpc"):
+		return "grpc"
+	}
+	return "other"
+}
+
+// clientKinds are the kinds registry_xds_clients always reports.
+var clientKinds = []string{"grpc", "envoy", "other"}
+
+// clients is every stream, by id (Revision not filled).
+func (t *tracker) clients() []ClientInfo {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]ClientInfo, 0, len(t.streams))
+	for id, s := range t.streams {
+		c := ClientInfo{StreamID: max(id, -id), NodeID: s.node, Kind: kindOf(s.agent), UserAgent: s.agent, Peer: s.peer,
+			Protocol: s.protocol, NACKs: s.nacks, LastNACK: s.lastErr, Connected: s.opened,
+			Services: make([]FollowedService, 0, len(s.follows))}
+		for svc := range s.follows {
+			c.Services = append(c.Services, FollowedService{Service: svc, Acked: s.acked[svc]})
+		}
+		slices.SortFunc(c.Services, func(a, b FollowedService) int { return strings.Compare(a.Service, b.Service) })
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b ClientInfo) int {
+		return cmp.Or(strings.Compare(a.Protocol, b.Protocol), cmp.Compare(a.StreamID, b.StreamID))
+	})
+	return out
+}
+
+// kinds counts the streams by kind.
+func (t *tracker) kinds() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := map[string]int{}
+	for _, s := range t.streams {
+		n[kindOf(s.agent)]++
+	}
+	return n
 }

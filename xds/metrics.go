@@ -12,9 +12,13 @@ type metrics struct {
 	variants     prometheus.Counter     // assignment variants made
 	panics       prometheus.Counter     // services entering panic
 	panicking    prometheus.Gauge       // services in panic now
+	pushSeconds  prometheus.Histogram   // from a build to each response carrying its version
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics makes the Server's metrics; t's streams are counted by kind
+// (registry_xds_clients, at each scrape) and its responses timed
+// (registry_xds_push_seconds).
+func newMetrics(reg prometheus.Registerer, t *tracker) *metrics {
 	m := &metrics{
 		streams: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "registry_xds_streams",
 			Help: "Open xDS (ADS) streams, by protocol (sotw: state of the world, delta: incremental)."}, []string{"protocol"}),
@@ -32,9 +36,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Services that entered panic (fewer routable instances than the threshold): every instance offered."}),
 		panicking: prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_xds_panic_services",
 			Help: "Services in panic now."}),
+		pushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "registry_xds_push_seconds",
+			Help:    "Time from the build of a registry change (its endpoints' new version) to each xDS response carrying it being handed to its stream (responses answering a new subscription not counted).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
+	t.push = m.pushSeconds
 	if reg != nil {
-		reg.MustRegister(m.streams, m.requests, m.pushes, m.builds, m.buildSeconds, m.variants, m.panics, m.panicking)
+		reg.MustRegister(m.streams, m.requests, m.pushes, m.builds, m.buildSeconds, m.variants, m.panics, m.panicking,
+			m.pushSeconds, &kindCollector{t: t})
 	}
 	return m
+}
+
+// kindCollector is registry_xds_clients: the open xDS streams by client
+// kind (grpc, envoy, other: from the user agent), counted at each scrape.
+type kindCollector struct{ t *tracker }
+
+var clientsDesc = prometheus.NewDesc("registry_xds_clients",
+	"Open xDS (ADS) streams, by client kind from the user agent (grpc, envoy, other; other also before a stream's first request).",
+	[]string{"kind"}, nil)
+
+func (c *kindCollector) Describe(ch chan<- *prometheus.Desc) { ch <- clientsDesc }
+
+func (c *kindCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.t.kinds()
+	for _, k := range clientKinds {
+		ch <- prometheus.MustNewConstMetric(clientsDesc, prometheus.GaugeValue, float64(n[k]), k)
+	}
 }

@@ -160,6 +160,7 @@ type assignCache struct {
 // built is one service as last served.
 type built struct {
 	insts  []*registryv1.Instance // the records it was built from (pointers compared)
+	rev    int64                  // the revision of the build that made it
 	offers []offered
 	panic  bool
 }
@@ -177,7 +178,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "xds"), prefix: hex.EncodeToString(nonce[:]) + "-",
 		built: map[string]*built{}, variants: map[variant]*assignCache{}, acks: newTracker(),
 		scopes: &scopes{of: cfg.Scope, m: map[int64]scope{}}}
-	s.m = newMetrics(cfg.Registerer)
+	s.m = newMetrics(cfg.Registerer, s.acks)
 	s.caches = newCaches(s.prefix, s.assignments)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.ads = serverv3.NewServer(s.ctx, s.caches, s.callbacks())
@@ -248,7 +249,7 @@ func (s *Server) rebuild(snap *cache.Snapshot) {
 		if old != nil && slices.Equal(old.insts, insts) {
 			continue
 		}
-		b := &built{insts: insts}
+		b := &built{insts: insts, rev: snap.Revision()}
 		b.offers, b.panic = offer(insts, s.cfg.PanicThresholdPercent)
 		s.panicChange(svc, old, b)
 		s.built[svc] = b
@@ -276,7 +277,7 @@ func (s *Server) rebuild(snap *cache.Snapshot) {
 		}
 		// Mapped before the update: a response of it may go out at once.
 		ac.version++
-		s.acks.version(ac.prefix+strconv.FormatUint(ac.version, 10), s.rev)
+		s.acks.version(ac.prefix+strconv.FormatUint(ac.version, 10), s.rev, start)
 		if err := ac.UpdateResources(up, sharedGone); err != nil {
 			s.log.Error("assignments not updated", "variant", v.String(), "err", err)
 		}
@@ -333,7 +334,7 @@ func (s *Server) assignments(v variant) *cachev3.LinearCache {
 	prefix := fmt.Sprintf("%s%d-", s.prefix, len(s.variants))
 	ac := &assignCache{prefix: prefix, LinearCache: cachev3.NewLinearCache(resourcev3.EndpointType,
 		cachev3.WithVersionPrefix(prefix), cachev3.WithInitialResources(res))}
-	s.acks.version(prefix+"0", s.rev)
+	s.acks.version(prefix+"0", s.rev, time.Time{})
 	s.variants[v] = ac
 	if v.zone != "" {
 		s.zones++
@@ -348,7 +349,7 @@ func (s *Server) assignments(v variant) *cachev3.LinearCache {
 func (s *Server) Revision(version string) int64 {
 	s.acks.mu.Lock()
 	defer s.acks.mu.Unlock()
-	return s.acks.versions[version]
+	return s.acks.versions[version].rev
 }
 
 // Pending says how many of this regnode's xDS clients follow service's
@@ -402,14 +403,14 @@ func (s *Server) callbacks() serverv3.Callbacks {
 		},
 		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
 			s.m.streams.WithLabelValues("delta").Inc()
-			s.acks.open(ctx, id)
-			s.scopes.open(ctx, id)
+			s.acks.open(ctx, deltaKey(id))
+			s.scopes.open(ctx, deltaKey(id))
 			return nil
 		},
 		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) {
 			s.m.streams.WithLabelValues("delta").Dec()
-			s.acks.close(id)
-			s.scopes.close(id)
+			s.acks.close(deltaKey(id))
+			s.scopes.close(deltaKey(id))
 		},
 		StreamRequestFunc: func(id int64, r *discoverygrpc.DiscoveryRequest) error {
 			// Cut to what the client may read before the caches see it
@@ -439,7 +440,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 		},
 		StreamDeltaRequestFunc: func(id int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
 			first := r.GetResponseNonce() == "" && len(r.GetInitialResourceVersions()) == 0
-			names, err := s.scopes.cut(id, r.GetTypeUrl(), r.GetResourceNamesSubscribe(),
+			names, err := s.scopes.cut(deltaKey(id), r.GetTypeUrl(), r.GetResourceNamesSubscribe(),
 				first && len(r.GetResourceNamesSubscribe()) == 0 && wildcardType(r.GetTypeUrl()))
 			if err != nil {
 				return err
@@ -456,13 +457,13 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			default:
 				s.m.requests.WithLabelValues("request").Inc()
 			}
-			s.acks.request(id, r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), refused,
+			s.acks.request(deltaKey(id), r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), refused,
 				r.GetResourceNamesSubscribe(), r.GetResourceNamesUnsubscribe(), false)
 			return nil
 		},
 		StreamDeltaResponseFunc: func(id int64, _ *discoverygrpc.DeltaDiscoveryRequest, r *discoverygrpc.DeltaDiscoveryResponse) {
 			s.m.pushes.WithLabelValues("delta").Inc()
-			s.acks.response(id, r.GetTypeUrl(), r.GetNonce(), r.GetSystemVersionInfo())
+			s.acks.response(deltaKey(id), r.GetTypeUrl(), r.GetNonce(), r.GetSystemVersionInfo())
 		},
 	}
 }

@@ -24,7 +24,7 @@ Envoy takes each service as a cluster. See docs/xds.md.`,
 		Args: nArgs(0, 0, ""),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newXDSBootstrapCmd(o))
+	cmd.AddCommand(newXDSBootstrapCmd(o), newXDSClientsCmd(o))
 	return cmd
 }
 

@@ -68,6 +68,7 @@
     instances.clear();
     queueRender();
     reconnect();
+    refreshXds();
   }
 
   // ---- the stream ----------------------------------------------------
@@ -338,6 +339,62 @@
         el("td", { text: (m.peer_urls || []).join(", ") }))));
   }
 
+  // ---- xDS clients ------------------------------------------------------
+  //
+  // GET /api/v1/xds/clients (every regnode's, or with "every regnode"
+  // unchecked this one's): on load, on Refresh, and every 10 s. Not in
+  // the watch: xDS streams are each regnode's memory, not etcd.
+
+  const xdsCalls = (window.__xdsCalls = { started: 0, done: 0 });
+
+  async function refreshXds() {
+    xdsCalls.started++;
+    const url = "/api/v1/xds/clients" + ($("xds-all").checked ? "" : "?local=true");
+    try {
+      const r = await fetch(url, { headers: withToken({ Accept: "application/json" }), cache: "no-store" });
+      const v = await r.json();
+      if (!r.ok) throw new Error(v.error || r.statusText);
+      renderXds(v);
+      $("xds-state").textContent = "as of " + new Date().toLocaleTimeString();
+    } catch (e) {
+      $("xds-state").textContent = "xDS clients unavailable: " + e.message;
+    } finally {
+      xdsCalls.done++;
+    }
+  }
+
+  function renderXds(v) {
+    const rows = [];
+    const errors = [];
+    for (const n of v.nodes || []) {
+      if (n.error) errors.push(el("li", { "data-node": n.node, text: "regnode " + n.node + " (" + n.address + "): " + n.error }));
+      for (const c of n.clients || []) {
+        const svcs = c.services || [];
+        const behind = svcs.filter((f) => f.behind).map((f) => f.service + " " + f.acked_revision + "<" + f.revision);
+        rows.push(el("tr", { "data-xds": c.node + "/" + c.protocol + "/" + c.stream_id, "data-node-id": c.node_id },
+          el("td", { "data-col": "node", text: c.node }),
+          el("th", { scope: "row", "data-col": "node_id", text: c.node_id || "–" }),
+          el("td", { "data-col": "kind", text: c.kind }),
+          el("td", { "data-col": "protocol", text: c.protocol }),
+          el("td", { "data-col": "services", text: svcs.map((f) => f.service).join(", ") || "–" }),
+          el("td", { "data-col": "acked", text: svcs.map((f) => String(f.acked_revision)).join(", ") || "–" }),
+          el("td", { "data-col": "behind" }, behind.length ? el("span", { class: "badge s-DRAINING", text: "behind" }) : null, behind.length ? " " + behind.join(", ") : "no"),
+          el("td", { class: "num", "data-col": "nacks", text: String(c.nacks) }),
+          el("td", { "data-col": "last_nack", text: c.last_nack || "–" }),
+          el("td", { "data-col": "peer", text: c.peer }),
+          el("td", { "data-col": "connected", "data-since": c.connected || "", title: c.connected || "", text: age(c.connected) })));
+      }
+    }
+    $("xds").tBodies[0].replaceChildren(...rows);
+    $("xds-errors").replaceChildren(...errors);
+    $("no-xds").hidden = rows.length > 0;
+    $("xds-count").textContent = "(" + rows.length + ")";
+  }
+
+  $("xds-refresh").addEventListener("click", refreshXds);
+  $("xds-all").addEventListener("change", refreshXds);
+  setInterval(refreshXds, 10000);
+
   // Ages move every second without re-rendering the tables.
   function tick() {
     for (const td of document.querySelectorAll("td[data-since]")) td.textContent = age(td.dataset.since);
@@ -352,4 +409,5 @@
   }
   render();
   connect();
+  refreshXds();
 })();

@@ -291,7 +291,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.xds = xs
-	api, err := server.New(server.Config{XDS: xs, Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
+	api, err := server.New(server.Config{XDS: xs, XDSList: xdsList{xs}, Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
 		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey,
 		Addr: advertise, Peers: n.peers, DialPeer: n.dialPeer})
 	if err != nil {

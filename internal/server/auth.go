@@ -124,6 +124,10 @@ func requirement(method string, req any) (token.Method, string, error) {
 	case *registryv1.WaitAppliedRequest:
 		// Who follows a service, and how far: read on it.
 		return one(token.Get, r.Service)
+	case *registryv1.XdsClientsRequest:
+		// Who follows every service: read on every service, as an xDS
+		// stream needs.
+		return token.Watch, "", nil
 	case *registryv1.CreateTokenRequest:
 		return token.CreateToken, "", nil
 	case *registryv1.ListTokensRequest:

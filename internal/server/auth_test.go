@@ -170,6 +170,12 @@ func TestAuthRoles(t *testing.T) {
 	if _, err := readAll.Status(ctx10(t), &registryv1.StatusRequest{}); err != nil {
 		t.Fatal(err)
 	}
+	// xDS clients follow every service: read on all, as an xDS stream.
+	_, err = readWeb.XdsClients(ctx10(t), &registryv1.XdsClientsRequest{All: true})
+	refused(t, rn, "XdsClients with read on web", err, codes.PermissionDenied, "scope all", rev)
+	if _, err := readAll.XdsClients(ctx10(t), &registryv1.XdsClientsRequest{All: true}); err != nil {
+		t.Fatalf("XdsClients with read on all: %v", err)
+	}
 	_, err = readAll.Register(ctx10(t), &registryv1.RegisterRequest{Instance: inst("web", "w-2")})
 	refused(t, rn, "Register with read", err, codes.PermissionDenied, "needs role register", rev)
 	_, err = readAll.Undrain(ctx10(t), &registryv1.UndrainRequest{Service: "web", Id: "w-1"})

@@ -93,6 +93,9 @@ type Config struct {
 	// XDS, if set, is this regnode's xDS server: a WaitApplied waits for
 	// its clients' acknowledgements as for subscribers' (package xds).
 	XDS XDSClients
+	// XDSList, if set, lists this regnode's xDS streams for XdsClients
+	// (package xds; nil: it has none).
+	XDSList XDSLister
 }
 
 // DefaultConfig is a Config with every default but the required fields.

@@ -342,7 +342,7 @@ func (x TokenScope_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TokenScope_Kind.Descriptor instead.
 func (TokenScope_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38, 0}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43, 0}
 }
 
 // HealthCheck is the per-instance check spec. Zero fields take the
@@ -3254,6 +3254,366 @@ func (x *WaitAppliedResponse) GetXdsPending() int64 {
 	return 0
 }
 
+// XdsClientsRequest asks which xDS streams (package xds) a regnode
+// serves: its own, or with all every regnode's.
+type XdsClientsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// all: every regnode announced under <prefix>nodes/, each asked for
+	// its own (as WaitApplied asks them); otherwise this regnode's only.
+	All           bool `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XdsClientsRequest) Reset() {
+	*x = XdsClientsRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XdsClientsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XdsClientsRequest) ProtoMessage() {}
+
+func (x *XdsClientsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XdsClientsRequest.ProtoReflect.Descriptor instead.
+func (*XdsClientsRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *XdsClientsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+// XdsFollowed is one service whose endpoints an xDS stream follows.
+type XdsFollowed struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// the revision of the last endpoints the client acknowledged (ACK) for
+	// it (0: none yet)
+	AckedRevision int64 `protobuf:"varint,2,opt,name=acked_revision,json=ackedRevision,proto3" json:"acked_revision,omitempty"`
+	// the revision of the endpoints this regnode serves for it now: the
+	// last change of the service it built (0: the service does not exist)
+	Revision int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// acked_revision < revision: the client has not applied the latest
+	Behind        bool `protobuf:"varint,4,opt,name=behind,proto3" json:"behind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XdsFollowed) Reset() {
+	*x = XdsFollowed{}
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XdsFollowed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XdsFollowed) ProtoMessage() {}
+
+func (x *XdsFollowed) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XdsFollowed.ProtoReflect.Descriptor instead.
+func (*XdsFollowed) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *XdsFollowed) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *XdsFollowed) GetAckedRevision() int64 {
+	if x != nil {
+		return x.AckedRevision
+	}
+	return 0
+}
+
+func (x *XdsFollowed) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *XdsFollowed) GetBehind() bool {
+	if x != nil {
+		return x.Behind
+	}
+	return false
+}
+
+// XdsClient is one xDS stream a regnode serves.
+type XdsClient struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                            // the regnode serving it
+	StreamId      int64                  `protobuf:"varint,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`   // the stream's id on that regnode (since its start)
+	NodeId        string                 `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`          // the client's node id (its bootstrap's node.id)
+	Kind          string                 `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`                            // from the user agent: "grpc", "envoy" or "other"
+	UserAgent     string                 `protobuf:"bytes,5,opt,name=user_agent,json=userAgent,proto3" json:"user_agent,omitempty"` // node.user_agent_name
+	Peer          string                 `protobuf:"bytes,6,opt,name=peer,proto3" json:"peer,omitempty"`                            // its address as the regnode sees it
+	Protocol      string                 `protobuf:"bytes,7,opt,name=protocol,proto3" json:"protocol,omitempty"`                    // "sotw" (state of the world) or "delta"
+	Services      []*XdsFollowed         `protobuf:"bytes,8,rep,name=services,proto3" json:"services,omitempty"`                    // by name
+	Nacks         int64                  `protobuf:"varint,9,opt,name=nacks,proto3" json:"nacks,omitempty"`                         // versions it refused (NACK)
+	LastNack      string                 `protobuf:"bytes,10,opt,name=last_nack,json=lastNack,proto3" json:"last_nack,omitempty"`   // the error of its last NACK ("" if none)
+	Connected     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=connected,proto3" json:"connected,omitempty"`                 // when the stream opened
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XdsClient) Reset() {
+	*x = XdsClient{}
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XdsClient) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XdsClient) ProtoMessage() {}
+
+func (x *XdsClient) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XdsClient.ProtoReflect.Descriptor instead.
+func (*XdsClient) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *XdsClient) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *XdsClient) GetStreamId() int64 {
+	if x != nil {
+		return x.StreamId
+	}
+	return 0
+}
+
+func (x *XdsClient) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *XdsClient) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *XdsClient) GetUserAgent() string {
+	if x != nil {
+		return x.UserAgent
+	}
+	return ""
+}
+
+func (x *XdsClient) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *XdsClient) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *XdsClient) GetServices() []*XdsFollowed {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *XdsClient) GetNacks() int64 {
+	if x != nil {
+		return x.Nacks
+	}
+	return 0
+}
+
+func (x *XdsClient) GetLastNack() string {
+	if x != nil {
+		return x.LastNack
+	}
+	return ""
+}
+
+func (x *XdsClient) GetConnected() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Connected
+	}
+	return nil
+}
+
+// NodeXdsClients is one regnode's part of an XdsClients answer.
+type NodeXdsClients struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"` // the regnode could not be asked: its clients are unknown
+	Clients       []*XdsClient           `protobuf:"bytes,4,rep,name=clients,proto3" json:"clients,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeXdsClients) Reset() {
+	*x = NodeXdsClients{}
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeXdsClients) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeXdsClients) ProtoMessage() {}
+
+func (x *NodeXdsClients) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeXdsClients.ProtoReflect.Descriptor instead.
+func (*NodeXdsClients) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *NodeXdsClients) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeXdsClients) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeXdsClients) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *NodeXdsClients) GetClients() []*XdsClient {
+	if x != nil {
+		return x.Clients
+	}
+	return nil
+}
+
+type XdsClientsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeXdsClients      `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XdsClientsResponse) Reset() {
+	*x = XdsClientsResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XdsClientsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XdsClientsResponse) ProtoMessage() {}
+
+func (x *XdsClientsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XdsClientsResponse.ProtoReflect.Descriptor instead.
+func (*XdsClientsResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *XdsClientsResponse) GetNodes() []*NodeXdsClients {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 // TokenScope is what a token's role applies to: one service, every
 // service whose name starts with a prefix, or all services.
 type TokenScope struct {
@@ -3266,7 +3626,7 @@ type TokenScope struct {
 
 func (x *TokenScope) Reset() {
 	*x = TokenScope{}
-	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3278,7 +3638,7 @@ func (x *TokenScope) String() string {
 func (*TokenScope) ProtoMessage() {}
 
 func (x *TokenScope) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3291,7 +3651,7 @@ func (x *TokenScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenScope.ProtoReflect.Descriptor instead.
 func (*TokenScope) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TokenScope) GetKind() TokenScope_Kind {
@@ -3324,7 +3684,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3696,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3709,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TokenInfo) GetName() string {
@@ -3413,7 +3773,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	mi := &file_registry_v1_registry_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3425,7 +3785,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	mi := &file_registry_v1_registry_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3438,7 +3798,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateTokenRequest) GetName() string {
@@ -3479,7 +3839,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	mi := &file_registry_v1_registry_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +3851,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	mi := &file_registry_v1_registry_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +3864,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -3529,7 +3889,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	mi := &file_registry_v1_registry_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3541,7 +3901,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	mi := &file_registry_v1_registry_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3554,7 +3914,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{47}
 }
 
 type ListTokensResponse struct {
@@ -3566,7 +3926,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[43]
+	mi := &file_registry_v1_registry_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3578,7 +3938,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[43]
+	mi := &file_registry_v1_registry_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3591,7 +3951,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3610,7 +3970,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[44]
+	mi := &file_registry_v1_registry_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3622,7 +3982,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[44]
+	mi := &file_registry_v1_registry_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3635,7 +3995,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RevokeTokenRequest) GetName() string {
@@ -3654,7 +4014,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[45]
+	mi := &file_registry_v1_registry_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3666,7 +4026,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[45]
+	mi := &file_registry_v1_registry_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3679,7 +4039,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{45}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RevokeTokenResponse) GetRevision() int64 {
@@ -3940,7 +4300,35 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\vxds_clients\x18\a \x01(\x03R\n" +
 	"xdsClients\x12\x1f\n" +
 	"\vxds_pending\x18\b \x01(\x03R\n" +
-	"xdsPending\"\xa3\x01\n" +
+	"xdsPending\"%\n" +
+	"\x11XdsClientsRequest\x12\x10\n" +
+	"\x03all\x18\x01 \x01(\bR\x03all\"\x82\x01\n" +
+	"\vXdsFollowed\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12%\n" +
+	"\x0eacked_revision\x18\x02 \x01(\x03R\rackedRevision\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x12\x16\n" +
+	"\x06behind\x18\x04 \x01(\bR\x06behind\"\xdb\x02\n" +
+	"\tXdsClient\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
+	"\tstream_id\x18\x02 \x01(\x03R\bstreamId\x12\x17\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x1d\n" +
+	"\n" +
+	"user_agent\x18\x05 \x01(\tR\tuserAgent\x12\x12\n" +
+	"\x04peer\x18\x06 \x01(\tR\x04peer\x12\x1a\n" +
+	"\bprotocol\x18\a \x01(\tR\bprotocol\x124\n" +
+	"\bservices\x18\b \x03(\v2\x18.registry.v1.XdsFollowedR\bservices\x12\x14\n" +
+	"\x05nacks\x18\t \x01(\x03R\x05nacks\x12\x1b\n" +
+	"\tlast_nack\x18\n" +
+	" \x01(\tR\blastNack\x128\n" +
+	"\tconnected\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tconnected\"\x86\x01\n" +
+	"\x0eNodeXdsClients\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x120\n" +
+	"\aclients\x18\x04 \x03(\v2\x16.registry.v1.XdsClientR\aclients\"G\n" +
+	"\x12XdsClientsResponse\x121\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1b.registry.v1.NodeXdsClientsR\x05nodes\"\xa3\x01\n" +
 	"\n" +
 	"TokenScope\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.registry.v1.TokenScope.KindR\x04kind\x12\x14\n" +
@@ -3994,7 +4382,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fTOKEN_ROLE_READ\x10\x01\x12\x17\n" +
 	"\x13TOKEN_ROLE_REGISTER\x10\x02\x12\x16\n" +
 	"\x12TOKEN_ROLE_OPERATE\x10\x03\x12\x14\n" +
-	"\x10TOKEN_ROLE_ADMIN\x10\x042\x96\x06\n" +
+	"\x10TOKEN_ROLE_ADMIN\x10\x042\xe5\x06\n" +
 	"\bRegistry\x12G\n" +
 	"\bRegister\x12\x1c.registry.v1.RegisterRequest\x1a\x1d.registry.v1.RegisterResponse\x12N\n" +
 	"\tKeepAlive\x12\x1d.registry.v1.KeepAliveRequest\x1a\x1e.registry.v1.KeepAliveResponse(\x010\x01\x12M\n" +
@@ -4007,7 +4395,9 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x05Watch\x12\x19.registry.v1.WatchRequest\x1a\x1a.registry.v1.WatchResponse0\x01\x12A\n" +
 	"\x06Status\x12\x1a.registry.v1.StatusRequest\x1a\x1b.registry.v1.StatusResponse\x12N\n" +
 	"\tSubscribe\x12\x1d.registry.v1.SubscribeRequest\x1a\x1e.registry.v1.SubscribeResponse(\x010\x01\x12P\n" +
-	"\vWaitApplied\x12\x1f.registry.v1.WaitAppliedRequest\x1a .registry.v1.WaitAppliedResponse2\xfb\x01\n" +
+	"\vWaitApplied\x12\x1f.registry.v1.WaitAppliedRequest\x1a .registry.v1.WaitAppliedResponse\x12M\n" +
+	"\n" +
+	"XdsClients\x12\x1e.registry.v1.XdsClientsRequest\x1a\x1f.registry.v1.XdsClientsResponse2\xfb\x01\n" +
 	"\x06Tokens\x12P\n" +
 	"\vCreateToken\x12\x1f.registry.v1.CreateTokenRequest\x1a .registry.v1.CreateTokenResponse\x12M\n" +
 	"\n" +
@@ -4027,7 +4417,7 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Lifecycle)(0),                // 0: registry.v1.Lifecycle
 	(HealthState)(0),              // 1: registry.v1.HealthState
@@ -4073,35 +4463,40 @@ var file_registry_v1_registry_proto_goTypes = []any{
 	(*Laggard)(nil),               // 41: registry.v1.Laggard
 	(*NodeApplied)(nil),           // 42: registry.v1.NodeApplied
 	(*WaitAppliedResponse)(nil),   // 43: registry.v1.WaitAppliedResponse
-	(*TokenScope)(nil),            // 44: registry.v1.TokenScope
-	(*TokenInfo)(nil),             // 45: registry.v1.TokenInfo
-	(*CreateTokenRequest)(nil),    // 46: registry.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 47: registry.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 48: registry.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 49: registry.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),    // 50: registry.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),   // 51: registry.v1.RevokeTokenResponse
-	nil,                           // 52: registry.v1.Instance.MetadataEntry
-	nil,                           // 53: registry.v1.SubscribeError.MetadataEntry
-	(*durationpb.Duration)(nil),   // 54: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
+	(*XdsClientsRequest)(nil),     // 44: registry.v1.XdsClientsRequest
+	(*XdsFollowed)(nil),           // 45: registry.v1.XdsFollowed
+	(*XdsClient)(nil),             // 46: registry.v1.XdsClient
+	(*NodeXdsClients)(nil),        // 47: registry.v1.NodeXdsClients
+	(*XdsClientsResponse)(nil),    // 48: registry.v1.XdsClientsResponse
+	(*TokenScope)(nil),            // 49: registry.v1.TokenScope
+	(*TokenInfo)(nil),             // 50: registry.v1.TokenInfo
+	(*CreateTokenRequest)(nil),    // 51: registry.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 52: registry.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),     // 53: registry.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 54: registry.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),    // 55: registry.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),   // 56: registry.v1.RevokeTokenResponse
+	nil,                           // 57: registry.v1.Instance.MetadataEntry
+	nil,                           // 58: registry.v1.SubscribeError.MetadataEntry
+	(*durationpb.Duration)(nil),   // 59: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 60: google.protobuf.Timestamp
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	2,  // 0: registry.v1.HealthCheck.kind:type_name -> registry.v1.CheckKind
-	54, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	54, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
-	54, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
+	59, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	59, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	59, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
 	1,  // 4: registry.v1.Health.state:type_name -> registry.v1.HealthState
-	55, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
-	54, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
-	52, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
+	60, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
+	59, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
+	57, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
 	6,  // 8: registry.v1.Instance.check:type_name -> registry.v1.HealthCheck
 	0,  // 9: registry.v1.Instance.lifecycle:type_name -> registry.v1.Lifecycle
 	7,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
-	55, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	55, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
+	60, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	60, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
 	8,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
-	54, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
+	59, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
 	8,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
 	8,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
 	8,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
@@ -4119,59 +4514,65 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	34, // 29: registry.v1.SubscribeRequest.add:type_name -> registry.v1.SubscribeAdd
 	35, // 30: registry.v1.SubscribeRequest.remove:type_name -> registry.v1.SubscribeRemove
 	36, // 31: registry.v1.SubscribeRequest.ack:type_name -> registry.v1.SubscribeAck
-	53, // 32: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
+	58, // 32: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
 	28, // 33: registry.v1.SubscribeResponse.unit:type_name -> registry.v1.WatchResponse
 	37, // 34: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
 	39, // 35: registry.v1.SubscribeResponse.ack_request:type_name -> registry.v1.AckRequest
-	54, // 36: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
+	59, // 36: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
 	41, // 37: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
 	41, // 38: registry.v1.NodeApplied.watch_laggards:type_name -> registry.v1.Laggard
 	41, // 39: registry.v1.NodeApplied.xds_laggards:type_name -> registry.v1.Laggard
 	42, // 40: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
-	5,  // 41: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
-	3,  // 42: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
-	44, // 43: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
-	55, // 44: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	55, // 45: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	55, // 46: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
-	3,  // 47: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
-	44, // 48: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
-	54, // 49: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	45, // 50: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
-	45, // 51: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
-	9,  // 52: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	11, // 53: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	13, // 54: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	15, // 55: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	17, // 56: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	19, // 57: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	21, // 58: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	23, // 59: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	29, // 60: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	33, // 61: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
-	40, // 62: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
-	46, // 63: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
-	48, // 64: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
-	50, // 65: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
-	10, // 66: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	12, // 67: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	14, // 68: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	16, // 69: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	18, // 70: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	20, // 71: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	22, // 72: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	28, // 73: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	32, // 74: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	38, // 75: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
-	43, // 76: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
-	47, // 77: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
-	49, // 78: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
-	51, // 79: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
-	66, // [66:80] is the sub-list for method output_type
-	52, // [52:66] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	45, // 41: registry.v1.XdsClient.services:type_name -> registry.v1.XdsFollowed
+	60, // 42: registry.v1.XdsClient.connected:type_name -> google.protobuf.Timestamp
+	46, // 43: registry.v1.NodeXdsClients.clients:type_name -> registry.v1.XdsClient
+	47, // 44: registry.v1.XdsClientsResponse.nodes:type_name -> registry.v1.NodeXdsClients
+	5,  // 45: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
+	3,  // 46: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
+	49, // 47: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
+	60, // 48: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	60, // 49: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	60, // 50: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
+	3,  // 51: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
+	49, // 52: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
+	59, // 53: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	50, // 54: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
+	50, // 55: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
+	9,  // 56: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	11, // 57: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	13, // 58: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	15, // 59: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	17, // 60: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	19, // 61: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	21, // 62: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	23, // 63: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	29, // 64: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	33, // 65: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
+	40, // 66: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
+	44, // 67: registry.v1.Registry.XdsClients:input_type -> registry.v1.XdsClientsRequest
+	51, // 68: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
+	53, // 69: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
+	55, // 70: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
+	10, // 71: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	12, // 72: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	14, // 73: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	16, // 74: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	18, // 75: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	20, // 76: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	22, // 77: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	28, // 78: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	32, // 79: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	38, // 80: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
+	43, // 81: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
+	48, // 82: registry.v1.Registry.XdsClients:output_type -> registry.v1.XdsClientsResponse
+	52, // 83: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
+	54, // 84: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
+	56, // 85: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
+	71, // [71:86] is the sub-list for method output_type
+	56, // [56:71] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -4195,7 +4596,7 @@ func file_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   48,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

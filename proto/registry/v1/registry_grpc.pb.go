@@ -33,6 +33,7 @@ const (
 	Registry_Status_FullMethodName      = "/registry.v1.Registry/Status"
 	Registry_Subscribe_FullMethodName   = "/registry.v1.Registry/Subscribe"
 	Registry_WaitApplied_FullMethodName = "/registry.v1.Registry/WaitApplied"
+	Registry_XdsClients_FullMethodName  = "/registry.v1.Registry/XdsClients"
 )
 
 // RegistryClient is the client API for Registry service.
@@ -57,6 +58,9 @@ type RegistryClient interface {
 	// acknowledged a revision (a Watch stream: has been sent it), or at the
 	// timeout with who has not.
 	WaitApplied(ctx context.Context, in *WaitAppliedRequest, opts ...grpc.CallOption) (*WaitAppliedResponse, error)
+	// XdsClients lists the xDS streams a regnode serves (with all, every
+	// regnode's): who, what they follow and what they acknowledged.
+	XdsClients(ctx context.Context, in *XdsClientsRequest, opts ...grpc.CallOption) (*XdsClientsResponse, error)
 }
 
 type registryClient struct {
@@ -192,6 +196,16 @@ func (c *registryClient) WaitApplied(ctx context.Context, in *WaitAppliedRequest
 	return out, nil
 }
 
+func (c *registryClient) XdsClients(ctx context.Context, in *XdsClientsRequest, opts ...grpc.CallOption) (*XdsClientsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(XdsClientsResponse)
+	err := c.cc.Invoke(ctx, Registry_XdsClients_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServer is the server API for Registry service.
 // All implementations must embed UnimplementedRegistryServer
 // for forward compatibility.
@@ -214,6 +228,9 @@ type RegistryServer interface {
 	// acknowledged a revision (a Watch stream: has been sent it), or at the
 	// timeout with who has not.
 	WaitApplied(context.Context, *WaitAppliedRequest) (*WaitAppliedResponse, error)
+	// XdsClients lists the xDS streams a regnode serves (with all, every
+	// regnode's): who, what they follow and what they acknowledged.
+	XdsClients(context.Context, *XdsClientsRequest) (*XdsClientsResponse, error)
 	mustEmbedUnimplementedRegistryServer()
 }
 
@@ -256,6 +273,9 @@ func (UnimplementedRegistryServer) Subscribe(grpc.BidiStreamingServer[SubscribeR
 }
 func (UnimplementedRegistryServer) WaitApplied(context.Context, *WaitAppliedRequest) (*WaitAppliedResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method WaitApplied not implemented")
+}
+func (UnimplementedRegistryServer) XdsClients(context.Context, *XdsClientsRequest) (*XdsClientsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method XdsClients not implemented")
 }
 func (UnimplementedRegistryServer) mustEmbedUnimplementedRegistryServer() {}
 func (UnimplementedRegistryServer) testEmbeddedByValue()                  {}
@@ -447,6 +467,24 @@ func _Registry_WaitApplied_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Registry_XdsClients_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(XdsClientsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServer).XdsClients(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registry_XdsClients_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServer).XdsClients(ctx, req.(*XdsClientsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Registry_ServiceDesc is the grpc.ServiceDesc for Registry service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -485,6 +523,10 @@ var Registry_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WaitApplied",
 			Handler:    _Registry_WaitApplied_Handler,
+		},
+		{
+			MethodName: "XdsClients",
+			Handler:    _Registry_XdsClients_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
