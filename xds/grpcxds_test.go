@@ -275,9 +275,12 @@ func TestGRPCXDSClientFollowsTheRegistry(t *testing.T) {
 	}
 
 	// Drained: a drain waits for both xDS clients' ACKs (WaitApplied, what
-	// regctl drain --wait and Registration.Close call), and once they
-	// acknowledged it b2 gets no new call from either; the zone client
-	// fails over to the other zone.
+	// regctl drain --wait and Registration.Close call), then b2 stops
+	// getting calls from either, and the zone client fails over to the
+	// other zone. gRPC acknowledges a version once it accepted it; its
+	// picker follows a moment later (seen here: 2 calls), which the drain
+	// grace of a Registration.Close covers, so the calls are watched until
+	// none reaches b2 rather than from the ACK on.
 	dr, err := api.Drain(ctx, &registryv1.DrainRequest{Service: "orders", Id: "b2"})
 	if err != nil {
 		t.Fatal(err)
@@ -287,6 +290,11 @@ func TestGRPCXDSClientFollowsTheRegistry(t *testing.T) {
 		t.Fatalf("WaitApplied for the drain: %v, %v; want done with 2 xDS clients", wa, err)
 	}
 	for _, cl := range []func(int) childReport{call, zcall} {
+		waitFor(t, 10*time.Second, "the acknowledged drain in the client's picker", func() bool {
+			b2 := bs[2].calls.Load()
+			cl(20)
+			return bs[2].calls.Load() == b2
+		})
 		b2 := bs[2].calls.Load()
 		if r := cl(200); r.Failed != 0 || bs[2].calls.Load() != b2 {
 			t.Fatalf("after the drain was acknowledged: %+v, b2 got %d calls", r, bs[2].calls.Load()-b2)
