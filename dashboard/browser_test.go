@@ -385,7 +385,11 @@ func TestDashboardReconnects(t *testing.T) {
 	chromium(t) // skip before starting anything
 	m := etcdtest.Start(t, false)
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
-	cfg := node.Config{EtcdEndpoints: []string{m.ClientURL}, Name: "rn-a", MetricsListen: httpAddr}
+	// A generous shutdown grace: the page's requests in flight when the
+	// regnode closes (its xDS list, asked on load) must not fail Close on
+	// a loaded machine (CI once saw "stop metrics server: context
+	// deadline exceeded" with regnodetest's 500ms).
+	cfg := node.Config{EtcdEndpoints: []string{m.ClientURL}, Name: "rn-a", MetricsListen: httpAddr, ShutdownGrace: 10 * time.Second}
 	first := regnodetest.StartWith(t, cfg, m.ClientURL)
 	cc, err := grpc.NewClient(first.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
