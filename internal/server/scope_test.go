@@ -56,6 +56,13 @@ func TestOutOfScopeServiceEndsAlone(t *testing.T) {
 	if err := payments.WaitReady(ctx10(t)); err != nil {
 		t.Fatalf("payments, beside a refused service on the same stream: %v", err)
 	}
+	// Its view holds the instance (the first snapshot may predate the
+	// registration: the fan-out follows etcd a moment behind).
+	for deadline := time.Now().Add(30 * time.Second); len(payments.Instances("payments")) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("payments' view never held its instance: %v", payments.Instances("payments"))
+		}
+	}
 	call := func(service string) error {
 		cc, err := grpc.NewClient("registry:///"+service, c.DialOptions()...)
 		if err != nil {
