@@ -96,14 +96,14 @@ func (b *builder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.Bu
 		}
 		if !ch.Progress {
 			snap := sub.Snapshot() // the state this change made: only this goroutine applies
-			r.offer(r.view(r.epoch, snap, known))
+			r.offer(r.view(r.epoch, snap, waitState{}))
 		}
 	})
 	select {
 	case <-sub.Ready():
 		// Read after listening, so no change falls between; if a change
 		// beat this read, offer keeps the newer of the two.
-		r.offer(r.view(0, sub.Snapshot(), known))
+		r.offer(r.view(0, sub.Snapshot(), waitState{}))
 	default:
 		// No view yet: say so (an unknown list, not an empty one). The
 		// channel is CONNECTING and calls wait for the first snapshot,
@@ -147,9 +147,6 @@ type regResolver struct {
 	lastWait   waitState // the last one offered
 	stage      int       // counts the waiting views offered
 }
-
-// known is the first-view state of a view built from a snapshot.
-var known = waitState{}
 
 // view is the resolver state of the subscription at one revision.
 // Epoch counts NewEpoch resets: a view of a later epoch is newer whatever
