@@ -366,13 +366,18 @@ func (a *API) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) status(w http.ResponseWriter, r *http.Request) {
-	if e := query(r); e != nil {
+	if e := query(r, "peers"); e != nil {
+		writeError(w, http.StatusBadRequest, e)
+		return
+	}
+	peers, e := boolParam(r, "peers")
+	if e != nil {
 		writeError(w, http.StatusBadRequest, e)
 		return
 	}
 	ctx, cancel := a.call(r)
 	defer cancel()
-	resp, err := a.rpc.Status(ctx, &registryv1.StatusRequest{})
+	resp, err := a.rpc.Status(ctx, &registryv1.StatusRequest{Peers: peers})
 	if err != nil {
 		a.writeRPCError(w, r, err)
 		return

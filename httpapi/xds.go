@@ -17,14 +17,10 @@ func (a *API) xdsClients(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, e)
 		return
 	}
-	local := false
-	if v := r.URL.Query().Get("local"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, badField("local", "%q is not a boolean (true or false)", v))
-			return
-		}
-		local = b
+	local, e := boolParam(r, "local")
+	if e != nil {
+		writeError(w, http.StatusBadRequest, e)
+		return
 	}
 	ctx, cancel := a.call(r)
 	defer cancel()
@@ -34,4 +30,17 @@ func (a *API) xdsClients(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, render.NewXdsClients(resp))
+}
+
+// boolParam reads the boolean query parameter name (false when absent).
+func boolParam(r *http.Request, name string) (bool, *apiError) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badField(name, "%q is not a boolean (true or false)", v)
+	}
+	return b, nil
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/regcluster/registry/client"
+	"github.com/regcluster/registry/internal/shard"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -266,8 +267,8 @@ func (r *Report) fail(format string, args ...any) {
 // equals etcd's state at its revision (no phantom, no lost delete, resets
 // included), each subscriber's revision never decreases, a gracefully
 // deregistered instance was DRAINING in every subscriber that followed it
-// incrementally across its drain, every health write carries the fence of
-// the leader of its time, and every registration still open is in etcd.
+// incrementally across its drain, every health write is its owner's,
+// under the membership of its time, and every registration still open is in etcd.
 //
 // Views newer than upTo (the revision the history is complete up to) are
 // not judged: the prober keeps writing while the checker runs.
@@ -339,28 +340,41 @@ func Check(events []Event, upTo int64, subs []*Subscriber, open []string, openAt
 	// Drain before delete, and fences.
 	type drain struct{ from int64 }
 	draining := map[string]*drain{}
-	// The election: live candidate keys and their create revisions; the
-	// leader is the one created first.
-	created := map[string]int64{}
-	leader := func() int64 {
-		var first int64
-		for _, cr := range created {
-			if first == 0 || cr < first {
-				first = cr
+	// The membership: live announcements (address -> name, lease, mod
+	// revision). A health write under fence F by regnode N at revision W
+	// is the owner's (shard.View.Guard): N's announcement is live, no
+	// announcement was written after F, and N owns the instance by
+	// rendezvous over the live announcements.
+	type announced struct {
+		name  string
+		lease int64
+		mod   int64
+	}
+	nodes := map[string]announced{}
+	nodesPrefix := keys.Prefix() + "nodes/"
+	owner := func(service, id string) (string, int64) {
+		v := shard.View{Self: -1}
+		var newest int64
+		for addr, a := range nodes {
+			if a.lease != 0 {
+				v.Members = append(v.Members, shard.Member{Key: addr, Name: a.name, Lease: a.lease})
 			}
+			newest = max(newest, a.mod)
 		}
-		return first
+		m, _ := v.Owner(service, id)
+		return m.Name, newest
 	}
 	lastHealth := map[string]*registryv1.Health{}
 	for _, ev := range events {
 		if !isInstance(ev.Key) {
-			if !strings.HasPrefix(ev.Key, keys.Election()+"/") {
-				continue // not a candidate (the epoch key, junk)
+			addr, ok := strings.CutPrefix(ev.Key, nodesPrefix)
+			if !ok {
+				continue // not an announcement (the election, the epoch key, junk)
 			}
 			if ev.Delete {
-				delete(created, ev.Key)
-			} else if _, ok := created[ev.Key]; !ok {
-				created[ev.Key] = ev.Create
+				delete(nodes, addr)
+			} else {
+				nodes[addr] = announced{name: shard.Decode(ev.Value).Name, lease: ev.Lease, mod: ev.Rev}
 			}
 			continue
 		}
@@ -393,9 +407,9 @@ func Check(events []Event, upTo int64, subs []*Subscriber, open []string, openAt
 		}
 		if in != nil && ev.Rev != ev.Create && in.Health != nil && in.Health.Fence != 0 && !proto.Equal(prev, in.Health) {
 			rep.HealthWrites++
-			if l := leader(); l != in.Health.Fence {
-				rep.fail("revision %d: %s health %v written by %s under fence %d, but the leader's fence then was %d",
-					ev.Rev, ev.Key, in.Health.State, in.Health.Observer, in.Health.Fence, l)
+			if o, newest := owner(in.Service, in.Id); o != in.Health.Observer || newest > in.Health.Fence {
+				rep.fail("revision %d: %s health %v written by %s under fence %d, but its owner then was %q, by the membership of revision %d",
+					ev.Rev, ev.Key, in.Health.State, in.Health.Observer, in.Health.Fence, o, newest)
 			}
 		}
 	}

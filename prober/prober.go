@@ -30,10 +30,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -90,16 +90,38 @@ type Config struct {
 	Node string
 	// Logger (nil: slog.Default()).
 	Logger *slog.Logger
+	// Confirm asks another regnode to probe an instance this prober
+	// would evict (HEALTHY or DEGRADED to UNAVAILABLE) while its share is
+	// not Alone; the eviction is written only if that probe fails too
+	// (nil: every verdict is this prober's alone).
+	Confirm func(ctx context.Context, inst *registryv1.Instance) (Verdict, error)
+	// ConfirmTimeout bounds one Confirm (0: 5s).
+	ConfirmTimeout time.Duration
+	// Canary says why this regnode's own canaries fail ("" while they
+	// pass); while they fail it demotes nothing (nil: no canaries).
+	Canary func() string
+	// MassShare is the share of one service's (or zone's) checked
+	// instances that may be evicted within MassWindow, counting every
+	// regnode's evictions (0: 0.5; negative: no limit). Past it, one more
+	// per MassTrickle; at least MassMin are always allowed (0: 2).
+	MassShare   float64
+	MassMin     int
+	MassWindow  time.Duration // 0: 1m
+	MassTrickle time.Duration // 0: 10s
 	// Hooks for metrics; any may be nil.
-	OnProbe      func(outcome health.Outcome, latency time.Duration)
-	OnTransition func(tr health.Transition)
-	OnFenced     func()
+	OnProbe        func(outcome health.Outcome, latency time.Duration)
+	OnTransition   func(tr health.Transition)
+	OnFenced       func()
+	OnOwned        func(n int)
+	OnDisagreement func()
+	OnHeld         func(kind string) // "canary" or "mass"
 }
 
 // DefaultConfig is a Config with every default but the required fields.
 func DefaultConfig() Config {
 	return Config{Thresholds: health.DefaultThresholds(), Interval: time.Second, Floor: 100 * time.Millisecond,
-		Concurrency: 64, Writers: 8, WriteTimeout: 5 * time.Second, OrphanRetention: time.Hour}
+		Concurrency: 64, Writers: 8, WriteTimeout: 5 * time.Second, OrphanRetention: time.Hour,
+		ConfirmTimeout: 5 * time.Second, MassShare: 0.5, MassMin: 2, MassWindow: time.Minute, MassTrickle: 10 * time.Second}
 }
 
 // withDefaults is c with its zero fields set to DefaultConfig's: the one
@@ -126,6 +148,21 @@ func (c Config) withDefaults() Config {
 	}
 	if c.OrphanRetention == 0 {
 		c.OrphanRetention = d.OrphanRetention
+	}
+	if c.ConfirmTimeout == 0 {
+		c.ConfirmTimeout = d.ConfirmTimeout
+	}
+	if c.MassShare == 0 {
+		c.MassShare = d.MassShare
+	}
+	if c.MassMin == 0 {
+		c.MassMin = d.MassMin
+	}
+	if c.MassWindow == 0 {
+		c.MassWindow = d.MassWindow
+	}
+	if c.MassTrickle == 0 {
+		c.MassTrickle = d.MassTrickle
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -159,6 +196,16 @@ func (c Config) Validate() error {
 		return bad("Writers", c.Writers)
 	case c.WriteTimeout < 0:
 		return bad("WriteTimeout", c.WriteTimeout)
+	case c.ConfirmTimeout < 0:
+		return bad("ConfirmTimeout", c.ConfirmTimeout)
+	case c.MassShare > 1:
+		return configerr.New(ErrInvalidConfig, "prober", "MassShare", c.MassShare, "must be at most 1 (0: the default; negative: no limit)")
+	case c.MassMin < 0:
+		return bad("MassMin", c.MassMin)
+	case c.MassWindow < 0:
+		return bad("MassWindow", c.MassWindow)
+	case c.MassTrickle < 0:
+		return bad("MassTrickle", c.MassTrickle)
 	}
 	if err := c.Thresholds.Validate(); err != nil {
 		return configerr.Within(ErrInvalidConfig, "prober", "Thresholds", err)
@@ -169,8 +216,12 @@ func (c Config) Validate() error {
 // Prober is the health checker. Lead may run many times, never twice at
 // once.
 type Prober struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	mass *massState
+
+	owned                       atomic.Int64
+	probes, disagreements, held atomic.Uint64
 }
 
 // New returns a Prober; it fails only if cfg does not Validate.
@@ -179,43 +230,13 @@ func New(cfg Config) (*Prober, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Prober{cfg: cfg, log: cfg.Logger.With("component", "prober")}, nil
+	return &Prober{cfg: cfg, log: cfg.Logger.With("component", "prober"), mass: newMassState()}, nil
 }
 
-// tracked is one instance being probed; owned by Lead's goroutine.
-type tracked struct {
-	inst      *registryv1.Instance
-	machine   health.Machine
-	slow      time.Duration
-	interval  time.Duration
-	nextAt    time.Time
-	lastStart time.Time
-	inflight  bool
-	gone      bool // no longer followed; dropped from the queue lazily
-}
-
-type result struct {
-	t    *tracked
-	inst *registryv1.Instance // the record probed (its create revision)
-	res  health.Result
-}
-
-// queue orders tracked instances by when their next probe is due.
-type queue []*tracked
-
-func (q queue) Len() int           { return len(q) }
-func (q queue) Less(i, j int) bool { return q[i].nextAt.Before(q[j].nextAt) }
-func (q queue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
-func (q *queue) Push(x any)        { *q = append(*q, x.(*tracked)) }
-func (q *queue) Pop() any {
-	old := *q
-	t := old[len(old)-1]
-	old[len(old)-1] = nil
-	*q = old[:len(old)-1]
-	return t
-}
-
-// Lead probes until ctx ends or a fenced write fails (ErrFenced).
+// Lead probes every instance with a check until ctx ends or a fenced
+// write fails (ErrFenced): the prober of a regnode that leads the
+// election, and one that is alone. Its writes carry the leader's fence,
+// and it sweeps orphaned saved states.
 func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 	// Start from what etcd holds now (a linearizable read), not from the
 	// cache, which may lag behind the previous leader's last writes.
@@ -227,27 +248,80 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	if p.cfg.OrphanRetention > 0 {
+		wg.Go(func() { p.sweep(ctx, l) })
+	}
+	whole := &Share{Owns: func(string, string) bool { return true }, Guard: []clientv3.Cmp{l.Fence()}, Alone: true, Fence: l.Rev}
+	return p.run(ctx, fixed{whole}, insts, true)
+}
 
+// Probe probes this regnode's share of the instances, as shares says it
+// moves, until ctx ends. A write the share's guard refuses (the share
+// moved) is tried again under the next share, or dropped once the
+// instance is no longer this regnode's.
+func (p *Prober) Probe(ctx context.Context, shares Shares) error {
+	return p.run(ctx, shares, nil, false)
+}
+
+// run is the probe loop of Lead (initial: what etcd holds; fencedEnds:
+// a refused write ends it) and of Probe.
+func (p *Prober) run(ctx context.Context, shares Shares, initial []*registryv1.Instance, fencedEnds bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	// The share this loop follows: once the view has reached its
+	// revision (so it holds every write of the share's previous owner).
+	var (
+		applied          *Share
+		current, changed = shares.Share()
+	)
+	var cur atomic.Pointer[Share]
 	// Transitions are written by the writer, never in this loop: a slow
 	// etcd delays what lands, not the probes.
-	w := newWriter(p.cfg.Store, []clientv3.Cmp{l.Fence()}, p.cfg.Writers, p.log, p.cfg.OnTransition)
+	w := newWriter(p.cfg.Store, nil, p.cfg.Writers, p.log, p.cfg.OnTransition)
 	w.timeout = p.cfg.WriteTimeout
+	w.share = func(key cache.Key) ([]clientv3.Cmp, bool) {
+		s := cur.Load()
+		if s == nil || !s.Owns(key.Service, key.ID) {
+			return nil, false
+		}
+		return s.Guard, true
+	}
+	w.retryFenced = !fencedEnds
+	w.onFenced = p.cfg.OnFenced
 	wg.Go(func() { w.run(ctx) })
 
 	now := time.Now()
 	f := p.newFollower()
 	f.gone = w.forget
-	for _, in := range insts {
-		// Spread the instances already probed over their interval, so a
-		// takeover does not probe everything at once; one never probed
-		// waits for its first probe to be routable: at once.
-		f.track(in, now, in.GetHealth().GetState() == registryv1.HealthState_HEALTH_STATE_UNKNOWN)
+	f.owns = func(string, string) bool { return false }
+	apply := func(s *Share, snap *cache.Snapshot, now time.Time) {
+		applied = s
+		cur.Store(s)
+		f.owns = s.Owns
+		if initial != nil {
+			for _, in := range initial {
+				// Spread the instances already probed over their
+				// interval, so a takeover does not probe everything at
+				// once; one never probed waits for its first probe to be
+				// routable: at once.
+				if s.Owns(in.Service, in.Id) {
+					f.track(in, now, in.GetHealth().GetState() == registryv1.HealthState_HEALTH_STATE_UNKNOWN)
+				}
+			}
+			initial = nil
+		}
+		f.reshare(snap, now)
+		p.owned.Store(int64(len(f.all)))
+		if p.cfg.OnOwned != nil {
+			p.cfg.OnOwned(len(f.all))
+		}
+		p.log.Info("probing", "instances", len(f.all), "fence", s.Fence, "alone", s.Alone)
 	}
-	if p.cfg.OrphanRetention > 0 {
-		wg.Go(func() { p.sweep(ctx, l) })
-	}
-	p.log.Info("probing", "instances", len(f.all), "fence", l.Rev)
 	results := make(chan result, p.cfg.Concurrency)
+	confirmed := make(chan confirmation, p.cfg.Concurrency)
 	inflight := 0
 	due := f.due
 	// Probes start when due (a timer on the earliest) or as soon as a slot
@@ -283,23 +357,41 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 			timer.Reset(max(0, time.Until((*due)[0].nextAt)))
 		}
 	}
+	step := func(now time.Time) {
+		select {
+		case <-changed:
+			current, changed = shares.Share()
+		default:
+		}
+		snap := p.cfg.View()
+		if current != nil && current != applied && snap.Revision() >= current.Rev {
+			apply(current, snap, now)
+			seen = snap.Revision()
+			launch(now)
+			return
+		}
+		if applied != nil && snap.Revision() != seen {
+			seen = snap.Revision()
+			f.sync(snap, now)
+			p.owned.Store(int64(len(f.all)))
+			launch(now)
+		}
+	}
+	step(now)
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-w.Fenced():
-			if p.cfg.OnFenced != nil {
-				p.cfg.OnFenced()
-			}
-			p.log.Error("health write refused by the fence: no longer the leader; stopping", "fence", l.Rev)
+			p.log.Error("health write refused by the fence: no longer the leader; stopping", "fence", applied.Fence)
 			return fmt.Errorf("health write: %w", election.ErrFenced)
 		case now := <-timer.C:
 			launch(now)
 		case now := <-views.C:
-			if snap := p.cfg.View(); snap.Revision() != seen {
-				seen = snap.Revision()
-				f.sync(snap, now)
-				launch(now)
+			step(now)
+		case c := <-confirmed:
+			if tr, res, ok := p.confirmed(c, time.Now()); ok {
+				p.submit(w, c.t, tr, res, applied)
 			}
 		case r := <-results:
 			inflight--
@@ -315,291 +407,34 @@ func (p *Prober) Lead(ctx context.Context, l *election.Leadership) error {
 			if t.gone || t.inst.CreateRevision != r.inst.CreateRevision {
 				continue // gone, or registered anew while probed
 			}
+			p.probes.Add(1)
 			if p.cfg.OnProbe != nil {
 				p.cfg.OnProbe(r.res.Outcome, r.res.Latency)
 			}
+			before := t.machine
 			tr, changed := t.machine.Observe(r.res)
 			if !changed {
+				if !r.res.Outcome.Failure() {
+					t.held = nil // a verdict waiting for its confirmation no longer stands
+				}
 				continue
 			}
-			w.submit(t.inst, tr, &registryv1.Health{State: tr.To, Since: timestamppb.New(tr.At), Reason: tr.Reason,
-				LastLatency: durationpb.New(r.res.Latency), Observer: p.cfg.Node, Fence: l.Rev})
+			if !p.allowed(ctx, &wg, t, before, tr, r, applied, confirmed) {
+				continue
+			}
+			p.submit(w, t, tr, r.res, applied)
 		}
 	}
+}
+
+// submit hands the transition tr of t, observed with res, to the writer.
+func (p *Prober) submit(w *writer, t *tracked, tr health.Transition, res health.Result, s *Share) {
+	t.held = nil
+	w.submit(t.inst, tr, &registryv1.Health{State: tr.To, Since: timestamppb.New(tr.At), Reason: tr.Reason,
+		LastLatency: durationpb.New(res.Latency), Observer: p.cfg.Node, Fence: s.Fence})
 }
 
 // jitter spreads probes of many instances: ±10% of the interval.
 func jitter(d time.Duration) time.Duration {
 	return d - d/10 + rand.N(d/5+1)
-}
-
-// follower keeps the tracked instances in step with the view; owned by
-// Lead's goroutine. After the first view it follows by difference: the
-// cache builds each snapshot copy-on-write per service (an unchanged
-// service keeps its slice, an unchanged instance its pointer), so comparing
-// two snapshots costs a pointer comparison per service plus a walk of the
-// services that changed, and only the instances that changed are visited.
-type follower struct {
-	p    *Prober
-	all  map[cache.Key]*tracked
-	due  *queue
-	prev *cache.Snapshot // the view last followed; nil before the first
-	// lists are prev's services and their slices, sorted by name, so the
-	// next view is compared with one map read per service; spare is the
-	// other buffer, reused.
-	lists, spare []serviceList
-	// starts counts the probe loops started (track calls): a loop is
-	// started for a new instance, or again for one registered anew or
-	// whose check changed, never for one that did not change.
-	starts int
-	// gone is called for an instance no longer followed (its key left the
-	// view).
-	gone func(cache.Key)
-}
-
-type serviceList struct {
-	name string
-	list []*registryv1.Instance
-}
-
-func (p *Prober) newFollower() *follower {
-	return &follower{p: p, all: map[cache.Key]*tracked{}, due: &queue{}}
-}
-
-// track starts following inst if it has a check, from its stored health:
-// its first probe at once, or somewhere in its first interval if not now.
-func (f *follower) track(in *registryv1.Instance, now time.Time, immediate bool) *tracked {
-	if in.GetCheck().GetKind() == registryv1.CheckKind_CHECK_KIND_NONE {
-		return nil
-	}
-	p := f.p
-	th := p.cfg.Thresholds.With(in.Check)
-	interval := p.cfg.Interval
-	if d := in.GetCheck().GetInterval().AsDuration(); d > 0 {
-		interval = d
-	}
-	interval = max(interval, p.cfg.Floor)
-	state, since := in.GetHealth().GetState(), in.GetHealth().GetSince().AsTime()
-	if in.GetHealth() == nil {
-		since = now
-	}
-	t := &tracked{
-		inst: in, machine: health.NewMachine(th, state, since), slow: th.Slow, interval: interval,
-		nextAt: now,
-	}
-	if !immediate {
-		t.nextAt = now.Add(rand.N(interval))
-	}
-	f.all[cache.Key{Service: in.Service, ID: in.Id}] = t
-	heap.Push(f.due, t)
-	f.starts++
-	return t
-}
-
-// untrack stops following key; a probe in flight is discarded on return.
-func (f *follower) untrack(key cache.Key) {
-	if t := f.all[key]; t != nil {
-		t.gone = true
-		delete(f.all, key)
-	}
-}
-
-// sync follows the instance set to snap: new instances are tracked, gone
-// ones dropped, changed ones keep their machine unless registered anew.
-func (f *follower) sync(snap *cache.Snapshot, now time.Time) {
-	if snap == f.prev {
-		return
-	}
-	first := f.prev == nil
-	if first {
-		f.full(snap, now)
-	}
-	// Both sides sorted by name: one walk finds the services changed,
-	// added and gone.
-	next, k := f.spare[:0], 0
-	for _, svc := range snap.Services() {
-		cur := snap.Instances(svc)
-		for ; k < len(f.lists) && f.lists[k].name < svc; k++ {
-			f.service(f.lists[k].list, nil, now) // gone
-		}
-		var old []*registryv1.Instance
-		if k < len(f.lists) && f.lists[k].name == svc {
-			old = f.lists[k].list
-			k++
-		}
-		if !first && !sameSlice(cur, old) {
-			f.service(old, cur, now)
-		}
-		next = append(next, serviceList{svc, cur})
-	}
-	for ; k < len(f.lists); k++ {
-		f.service(f.lists[k].list, nil, now)
-	}
-	clear(f.lists) // let the old view's slices go
-	f.lists, f.spare = next, f.lists
-	f.prev = snap
-}
-
-// sameSlice reports whether a and b are the same slice: the cache gives a
-// changed service a new slice, and an unchanged one keeps its own.
-func sameSlice(a, b []*registryv1.Instance) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
-}
-
-// service follows one service from old to cur (both sorted by id): an
-// instance kept by pointer is unchanged and not looked at.
-func (f *follower) service(old, cur []*registryv1.Instance, now time.Time) {
-	i, j := 0, 0
-	for i < len(old) || j < len(cur) {
-		if i < len(old) && j < len(cur) && old[i] == cur[j] {
-			i, j = i+1, j+1 // unchanged: the common case, no string compared
-			continue
-		}
-		switch {
-		case j == len(cur) || (i < len(old) && old[i].Id < cur[j].Id):
-			f.drop(cache.Key{Service: old[i].Service, ID: old[i].Id})
-			i++
-		case i == len(old) || cur[j].Id < old[i].Id:
-			f.seen(cur[j], now)
-			j++
-		default: // the same id, another record
-			f.seen(cur[j], now)
-			i++
-			j++
-		}
-	}
-}
-
-// full follows snap by scanning all of it: the first view, against what
-// Lead read from etcd.
-func (f *follower) full(snap *cache.Snapshot, now time.Time) {
-	live := make(map[cache.Key]bool, len(f.all))
-	for _, in := range snap.All() {
-		live[cache.Key{Service: in.Service, ID: in.Id}] = true
-		f.seen(in, now)
-	}
-	for key := range f.all {
-		if !live[key] {
-			f.drop(key)
-		}
-	}
-}
-
-// seen follows in, an instance new or changed in the view.
-func (f *follower) seen(in *registryv1.Instance, now time.Time) {
-	key := cache.Key{Service: in.Service, ID: in.Id}
-	t := f.all[key]
-	switch {
-	case t == nil:
-		f.track(in, now, true)
-	case in.CreateRevision != t.inst.CreateRevision ||
-		(in.GetHealth() == nil && t.machine.State() != registryv1.HealthState_HEALTH_STATE_UNKNOWN) ||
-		in.Address != t.inst.Address || !sameCheck(in.Check, t.inst.Check):
-		// Registered anew (or moved, or its check changed): start
-		// over from what is stored.
-		f.untrack(key)
-		f.track(in, now, true)
-	default:
-		t.inst = in
-	}
-}
-
-// drop stops following key, which left the view.
-func (f *follower) drop(key cache.Key) {
-	t := f.all[key]
-	if t == nil {
-		return
-	}
-	f.untrack(key)
-	f.p.cfg.Probe.Forget(t.inst.Address)
-	if f.gone != nil {
-		f.gone(key)
-	}
-}
-
-// sameCheck reports whether two check specs are the same: any field
-// (kind, target, interval, timeout, thresholds) changed means a new loop.
-func sameCheck(a, b *registryv1.HealthCheck) bool { return proto.Equal(a, b) }
-
-// sweep deletes, through the fence, the saved states this leader has seen
-// without a record for OrphanRetention, until ctx ends or the fence refuses
-// a delete (this regnode no longer leads). What it has seen is kept in
-// memory only: a new leader starts counting afresh, so a state is never
-// deleted early, only late.
-func (p *Prober) sweep(ctx context.Context, l *election.Leadership) {
-	every := min(max(p.cfg.OrphanRetention/4, 10*time.Millisecond), time.Minute)
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	seen := newOrphanClock(p.cfg.OrphanRetention)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		list, _, err := p.cfg.Store.Orphans(lctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				p.log.Warn("list orphaned saved states", "err", err)
-			}
-			continue
-		}
-		for _, o := range seen.due(list, time.Now()) {
-			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			deleted, err := p.cfg.Store.DeleteOrphan(dctx, o, []clientv3.Cmp{l.Fence()})
-			var held bool
-			if err == nil && !deleted {
-				// Changed, registered again, or the fence: which one?
-				held, err = l.Held(dctx, p.cfg.Store.Client())
-			}
-			cancel()
-			switch {
-			case err != nil:
-				// Still listed next time, so still due: tried again.
-				if ctx.Err() == nil {
-					p.log.Warn("delete orphaned saved state", "instance", o.Service+"/"+o.ID, "err", err)
-				}
-			case deleted:
-				p.log.Info("deleted the saved state of an instance gone for good", "instance", o.Service+"/"+o.ID)
-			case !held:
-				p.log.Warn("orphaned saved state sweep refused by the fence: no longer the leader; sweeping stops", "fence", l.Rev)
-				return
-			}
-		}
-	}
-}
-
-// orphanClock tells when saved states without a record are due for
-// deletion: once seen orphaned, unchanged, for the retention, across
-// consecutive listings. It reads no clock (the time is an input).
-type orphanClock struct {
-	retention time.Duration
-	since     map[store.Orphan]time.Time // keyed with the mod revision: a change restarts the count
-}
-
-func newOrphanClock(retention time.Duration) *orphanClock {
-	return &orphanClock{retention: retention, since: map[store.Orphan]time.Time{}}
-}
-
-// due takes one listing of the orphans, made at now, and returns those
-// orphaned for the whole retention. One missing from a listing (registered
-// again, or deleted) is forgotten; one that comes back starts afresh. One
-// due stays due until a listing no longer has it.
-func (c *orphanClock) due(list []store.Orphan, now time.Time) []store.Orphan {
-	next := make(map[store.Orphan]time.Time, len(list))
-	var out []store.Orphan
-	for _, o := range list {
-		since, ok := c.since[o]
-		if !ok {
-			since = now
-		}
-		if now.Sub(since) >= c.retention {
-			out = append(out, o)
-		}
-		next[o] = since
-	}
-	c.since = next
-	return out
 }

@@ -38,6 +38,13 @@ type writer struct {
 	workers  int
 	timeout  time.Duration // bounds one write
 	onLanded func(health.Transition)
+	// share, if set, gives the guard of each write, and says whether the
+	// key is still this writer's to write (a job for one no longer is is
+	// dropped); retryFenced: a write the guard refuses is tried again
+	// (the share moved), rather than closing Fenced.
+	share       func(cache.Key) ([]clientv3.Cmp, bool)
+	retryFenced bool
+	onFenced    func()
 
 	mu     sync.Mutex
 	slots  map[cache.Key]*slot
@@ -226,9 +233,19 @@ var errLanded = errors.New("the transition is already in etcd")
 // write writes one transition; it returns true if it should be written
 // again (etcd trouble), false when it landed or never will.
 func (w *writer) write(ctx context.Context, key cache.Key, s *slot, j *job, base *registryv1.Instance, hint store.StateHint) bool {
+	guard := w.guard
+	if w.share != nil {
+		g, ok := w.share(key)
+		if !ok {
+			// The share moved: the new owner probes it before it writes.
+			w.log.Info("health transition not written: the instance is no longer this regnode's", "instance", key.Service+"/"+key.ID, "to", j.tr.To.String())
+			return false
+		}
+		guard = g
+	}
 	wctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
-	next, hint, err := w.st.UpdateFrom(wctx, base, hint, w.guard, func(in *registryv1.Instance) error {
+	next, hint, err := w.st.UpdateFrom(wctx, base, hint, guard, func(in *registryv1.Instance) error {
 		if in.CreateRevision != j.create {
 			return fmt.Errorf("%s/%s was registered anew: %w", key.Service, key.ID, record.ErrNotFound)
 		}
@@ -261,7 +278,17 @@ func (w *writer) write(ctx context.Context, key cache.Key, s *slot, j *job, base
 		}
 		w.log.Info("health transition", "instance", key.Service+"/"+key.ID, "from", j.tr.From.String(), "to", j.tr.To.String(), "reason", j.tr.Reason)
 		return false
+	case errors.Is(err, store.ErrGuard) && w.retryFenced:
+		if w.onFenced != nil {
+			w.onFenced()
+		}
+		j.tries++
+		w.log.Info("health write refused by the share's fence (the membership moved); trying under the next", "instance", key.Service+"/"+key.ID, "tries", j.tries)
+		return true
 	case errors.Is(err, store.ErrGuard):
+		if w.onFenced != nil {
+			w.onFenced()
+		}
 		w.log.Error("health write refused by the fence: no longer the leader", "instance", key.Service+"/"+key.ID)
 		w.once.Do(func() { close(w.fenced) })
 		return false

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -194,9 +195,10 @@ func register(t *testing.T, rs []*regnodeProc, cli *clientv3.Client, tg *target)
 	})
 }
 
-// healthWrites reads etcd's history of o-1 after revision from: the health
-// writes made by name under fence, and those made by anyone else.
-func healthWrites(t *testing.T, cli *clientv3.Client, from int64, name string, fence int64) (mine int, others []string) {
+// staleWrites reads etcd's history of o-1 after revision from and returns
+// the health writes made under a fence older than from: a membership (or
+// leadership) that no longer held when they landed.
+func staleWrites(t *testing.T, cli *clientv3.Client, from int64) (writes int, stale []string) {
 	t.Helper()
 	keys := record.NewKeys("")
 	key := keys.Instance("orders", "o-1")
@@ -227,15 +229,14 @@ func healthWrites(t *testing.T, cli *clientv3.Client, from int64, name string, f
 				t.Fatal(err)
 			}
 			if h := in.Health; h != nil && !proto.Equal(h, prev) {
-				if h.Observer == name && h.Fence == fence {
-					mine++
-				} else {
-					others = append(others, fmt.Sprintf("rev %d: %v by %s under fence %d", ev.Kv.ModRevision, h.State, h.Observer, h.Fence))
+				writes++
+				if h.Fence < from {
+					stale = append(stale, fmt.Sprintf("rev %d: %v by %s under fence %d", ev.Kv.ModRevision, h.State, h.Observer, h.Fence))
 				}
 				prev = h
 			}
 			if ev.Kv.ModRevision >= last {
-				return mine, others
+				return writes, stale
 			}
 		}
 	}
@@ -243,178 +244,212 @@ func healthWrites(t *testing.T, cli *clientv3.Client, from int64, name string, f
 	return 0, nil
 }
 
-// The leader's link to etcd is paused (the process runs on and probes) and
-// it is deposed behind its back: its election key goes, another regnode
-// takes over and writes the next transition. The old leader's own
-// transition, due meanwhile, is sent into its paused link; when the link
-// is back, it reaches etcd and the fence refuses it. Its key is deleted
-// rather than left to expire: an expired lease would be reported to its
-// session by the first keepalive answer after the pause, ahead of its
-// write, and the prober would stop before writing, so the fence would never
-// be tried (the run that found 0 refusals). The regnode must count the
-// refusal, nothing it sent may be in etcd's history after the takeover,
-// and it must stop probing.
-func TestPausedLeaderIsFenced(t *testing.T) {
+// o-1's owner has its link to etcd paused (the process runs on and
+// probes) and loses its share behind its back: its announcement goes, and
+// another regnode takes o-1 over and writes the next transition. The old
+// owner's own transition, due meanwhile, is sent into its paused link;
+// when the link is back, it reaches etcd and the share's fence refuses it
+// (its announcement is no longer held by the session it read). The key is
+// deleted rather than left to expire, so that the session lives on and
+// the write is tried. The regnode must count the refusal, and nothing
+// written under its old share may be in etcd's history after the share
+// moved (it announces itself again, and what it writes under its new
+// share carries the new fence).
+func TestPausedOwnerIsFenced(t *testing.T) {
 	m := etcdtest.Start(t, false)
 	cli := m.Client(t)
 	// The TTL only bounds how long the pause may last before the old
-	// leader's session gives up on its own (and writes nothing).
+	// owner's session gives up on its own (and writes nothing).
 	rs := cluster(t, m.ClientURL, 3, "30s")
 	tg := newTarget(t)
 	register(t, rs, cli, tg)
-	old, ok := leader(t, cli)
-	if !ok {
-		t.Fatal("no leader")
+	owner := byName(rs, stored(t, cli).GetHealth().GetObserver())
+	if owner == nil {
+		t.Fatalf("o-1's health was written by %q, none of the regnodes", stored(t, cli).GetHealth().GetObserver())
 	}
-	oldProc := byName(rs, old.Name)
 
-	oldProc.link.Pause()
-	resp, err := cli.Get(context.Background(), record.NewKeys("").Election()+"/", clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
+	owner.link.Pause()
+	del, err := cli.Delete(context.Background(), record.DefaultPrefix+"nodes/"+owner.api)
+	if err != nil || del.Deleted != 1 {
+		t.Fatalf("take %s's announcement away: %v (deleted %d)", owner.name, err, del.Deleted)
 	}
-	var oldKey string
-	for _, kv := range resp.Kvs {
-		if kv.CreateRevision == old.Rev {
-			oldKey = string(kv.Key)
-		}
-	}
-	del, err := cli.Txn(context.Background()).If(clientv3.Compare(clientv3.CreateRevision(oldKey), "=", old.Rev)).
-		Then(clientv3.OpDelete(oldKey)).Commit()
-	if err != nil || !del.Succeeded {
-		t.Fatalf("depose %s (key %q): %v", old.Name, oldKey, err)
-	}
-	takeover := del.Header.Revision
-	var next election.Leader
-	waitFor(t, 20*time.Second, "another regnode to lead", func() bool {
-		l, ok := leader(t, cli)
-		next = l
-		return ok && l.Name != old.Name
-	})
-	nextProc := byName(rs, next.Name)
+	moved := del.Header.Revision
 
-	// A transition is due: the new leader writes it; the old one sends
+	// A transition is due: the new owner writes it; the old one sends
 	// its own into the paused link.
-	errors0 := metric(t, oldProc, `registry_probes_total\{result="error"\}`)
+	errors0 := metric(t, owner, `registry_probes_total\{result="error"\}`)
 	tg.down()
-	waitFor(t, 20*time.Second, "the new leader's DEGRADED in etcd", func() bool {
+	var next string
+	waitFor(t, 20*time.Second, "another regnode's DEGRADED in etcd", func() bool {
 		h := stored(t, cli).GetHealth()
-		return h.GetState() == registryv1.HealthState_HEALTH_STATE_DEGRADED && h.GetObserver() == next.Name
+		next = h.GetObserver()
+		return h.GetState() == registryv1.HealthState_HEALTH_STATE_DEGRADED && next != owner.name
 	})
-	waitFor(t, 20*time.Second, "the old leader to probe the down target", func() bool {
-		return metric(t, oldProc, `registry_probes_total\{result="error"\}`) > errors0
+	waitFor(t, 20*time.Second, "the old owner to probe the down target", func() bool {
+		return metric(t, owner, `registry_probes_total\{result="error"\}`) > errors0
 	})
-	if n := metric(t, oldProc, "registry_fence_rejections_total"); n != 0 {
-		t.Fatalf("%d fence refusals while the old leader's link was paused", n)
+	if n := metric(t, owner, "registry_fence_rejections_total"); n != 0 {
+		t.Fatalf("%d fence refusals while the old owner's link was paused", n)
 	}
-	oldProc.link.Resume()
+	owner.link.Resume()
 
-	// Refused (counted by the old leader) and not landed (etcd's history).
 	var refused int
 	var stale []string
-	waitFor(t, 30*time.Second, "the old leader's write to be refused or land", func() bool {
-		refused = metric(t, oldProc, "registry_fence_rejections_total")
-		_, stale = healthWrites(t, cli, takeover, next.Name, next.Rev)
+	waitFor(t, 30*time.Second, "the old owner's write to be refused or land", func() bool {
+		refused = metric(t, owner, "registry_fence_rejections_total")
+		_, stale = staleWrites(t, cli, moved)
 		return refused > 0 || len(stale) > 0
 	})
 	if len(stale) > 0 {
-		t.Fatalf("health written after %s took over at revision %d by someone else: %v", next.Name, takeover, stale)
+		t.Fatalf("health written after o-1 moved to %s at revision %d under an older fence: %v", next, moved, stale)
 	}
-	waitFor(t, 20*time.Second, "the old leader to stop leading", func() bool {
-		return metric(t, oldProc, "registry_prober_leader") == 0
+	// It announces itself again (its session lives), and probes again.
+	waitFor(t, 20*time.Second, owner.name+" announced again", func() bool {
+		resp, err := cli.Get(context.Background(), record.DefaultPrefix+"nodes/"+owner.api)
+		return err == nil && len(resp.Kvs) == 1
 	})
-	// It no longer probes: while the new leader runs 20 more probes, the
-	// old leader's count stays where it stopped.
-	stopped, n0 := probes(t, oldProc), probes(t, nextProc)
-	waitFor(t, 20*time.Second, "20 more probes by the new leader", func() bool { return probes(t, nextProc) >= n0+20 })
-	if after := probes(t, oldProc); after != stopped {
-		t.Fatalf("the deposed leader %s still probes: %d probes while the new leader ran 20", old.Name, after-stopped)
+	writes, stale := staleWrites(t, cli, moved)
+	if len(stale) > 0 || writes == 0 {
+		t.Fatalf("after o-1 moved at %d: %d health writes, stale ones: %v", moved, writes, stale)
 	}
-	mine, stale := healthWrites(t, cli, takeover, next.Name, next.Rev)
-	if len(stale) > 0 || mine == 0 {
-		t.Fatalf("after the takeover at %d: %d writes by %s, and by others: %v", takeover, mine, next.Name, stale)
-	}
-	if l, ok := leader(t, cli); !ok || l.Name != next.Name || l.Rev != next.Rev {
-		t.Fatalf("leader = %+v, want %s under fence %d", l, next.Name, next.Rev)
-	}
-	t.Logf("the old leader %s had %d writes refused by the fence; %d health writes by %s after the takeover, none by anyone else",
-		old.Name, refused, mine, next.Name)
+	t.Logf("the old owner %s had %d writes refused by its share's fence; %d health writes after the move, none stale", owner.name, refused, writes)
 }
 
-// A graceful stop (SIGTERM) hands probing over by resigning: the old
-// leader's key is already gone when its process has exited. A kill
-// (SIGKILL) hands it over when the session lease expires: no one else
-// leads while it lives.
-func TestProberFailover(t *testing.T) {
+// A killed regnode's share moves when its session expires: every instance
+// it owned is probed by the others afterwards, and no instance changes
+// state because of the move (etcd's history holds no health write). A
+// graceful stop (SIGTERM) hands its share over at once: its announcement
+// is gone when its process has exited.
+func TestShareMovesOnKill(t *testing.T) {
 	m := etcdtest.Start(t, false)
 	cli := m.Client(t)
 	rs := cluster(t, m.ClientURL, 3, "2s")
-	tg := newTarget(t)
-	register(t, rs, cli, tg)
-
-	// handover signals the leader and waits until another regnode probes.
-	handover := func(sig syscall.Signal) (old, next election.Leader) {
-		t.Helper()
-		old, ok := leader(t, cli)
-		if !ok {
-			t.Fatal("no leader")
-		}
-		p := byName(rs, old.Name)
-		if err := p.p.cmd.Process.Signal(sig); err != nil {
-			t.Fatal(err)
-		}
-		if sig == syscall.SIGTERM {
-			if code := p.p.wait(t, 20*time.Second); code != 0 {
-				t.Fatalf("%s exited %d after SIGTERM; stderr:\n%s", old.Name, code, p.p.stderr)
-			}
-			resp, err := cli.Get(context.Background(), record.NewKeys("").Election()+"/", clientv3.WithPrefix())
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, kv := range resp.Kvs {
-				if kv.CreateRevision == old.Rev {
-					t.Fatalf("%s exited after SIGTERM with its leader key still in etcd: it did not resign", old.Name)
-				}
-			}
-		}
-		waitFor(t, 30*time.Second, fmt.Sprintf("another regnode to lead after %v to %s", sig, old.Name), func() bool {
-			l, ok := leader(t, cli)
-			next = l
-			return ok && l.Name != old.Name
-		})
-		np := byName(rs, next.Name)
-		n0 := probes(t, np)
-		waitFor(t, 30*time.Second, next.Name+" to probe", func() bool { return probes(t, np) > n0 })
-		return old, next
-	}
-	handover(syscall.SIGTERM)
-	old, next := handover(syscall.SIGKILL)
-	// The killed leader's key went with its lease, not before: the
-	// election's leader changed only once etcd had expired it.
-	ttl, err := cli.TimeToLive(context.Background(), clientv3.LeaseID(leaseOf(t, cli, old.Rev)))
+	c, err := client.New(client.Config{Endpoints: []string{rs[0].api, rs[1].api, rs[2].api}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ttl.TTL != -1 {
-		t.Fatalf("%s leads while the killed leader's lease still has %ds", next.Name, ttl.TTL)
+	defer c.Close()
+	const n = 12
+	targets := make([]*countingTarget, n)
+	keys := record.NewKeys("")
+	for i := range targets {
+		targets[i] = newCountingTarget(t)
+		if _, err := c.API().Register(context.Background(), &registryv1.RegisterRequest{Instance: &registryv1.Instance{
+			Service: "orders", Id: fmt.Sprintf("o-%d", i), Address: targets[i].addr,
+			Check: &registryv1.HealthCheck{Kind: registryv1.CheckKind_CHECK_KIND_TCP}}, Ttl: durationpbS(60)}); err != nil {
+			t.Fatal(err)
+		}
 	}
-}
-
-// leaseOf reads, at revision rev, the lease of the election key created
-// there.
-func leaseOf(t *testing.T, cli *clientv3.Client, rev int64) int64 {
-	t.Helper()
-	resp, err := cli.Get(context.Background(), record.NewKeys("").Election()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev))
+	owners := map[string][]int{}
+	var head int64
+	waitFor(t, 30*time.Second, "every instance HEALTHY in etcd", func() bool {
+		resp, err := cli.Get(context.Background(), keys.Instances(), clientv3.WithPrefix())
+		if err != nil || len(resp.Kvs) != n {
+			return false
+		}
+		clear(owners)
+		for _, kv := range resp.Kvs {
+			in, err := keys.Decode(string(kv.Key), kv.Value, kv.CreateRevision, kv.ModRevision)
+			if err != nil || in.GetHealth().GetState() != registryv1.HealthState_HEALTH_STATE_HEALTHY {
+				return false
+			}
+			var i int
+			fmt.Sscanf(in.Id, "o-%d", &i)
+			owners[in.Health.Observer] = append(owners[in.Health.Observer], i)
+		}
+		head = resp.Header.Revision
+		return true
+	})
+	handover := func(sig syscall.Signal, victim *regnodeProc, rest []*regnodeProc) {
+		t.Helper()
+		mine := owners[victim.name]
+		if err := victim.p.cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+		if sig == syscall.SIGTERM {
+			if code := victim.p.wait(t, 20*time.Second); code != 0 {
+				t.Fatalf("%s exited %d after SIGTERM; stderr:\n%s", victim.name, code, victim.p.stderr)
+			}
+			if resp, err := cli.Get(context.Background(), record.DefaultPrefix+"nodes/"+victim.api); err != nil || len(resp.Kvs) != 0 {
+				t.Fatalf("%s exited after SIGTERM with its announcement still in etcd (%v)", victim.name, err)
+			}
+		}
+		waitFor(t, 30*time.Second, victim.name+"'s announcement to go", func() bool {
+			resp, err := cli.Get(context.Background(), record.DefaultPrefix+"nodes/"+victim.api)
+			return err == nil && len(resp.Kvs) == 0
+		})
+		before := make([]int64, n)
+		for _, i := range mine {
+			before[i] = targets[i].accepted.Load()
+		}
+		waitFor(t, 30*time.Second, fmt.Sprintf("the others to own all %d instances", n), func() bool {
+			sum := 0
+			for _, r := range rest {
+				sum += metric(t, r, "registry_probe_owned_instances")
+			}
+			return sum == n
+		})
+		for _, i := range mine {
+			waitFor(t, 30*time.Second, fmt.Sprintf("o-%d (%s's) probed by another regnode", i, victim.name), func() bool {
+				return targets[i].accepted.Load() > before[i]
+			})
+		}
+	}
+	victim := rs[0]
+	for _, r := range rs {
+		if len(owners[r.name]) > len(owners[victim.name]) {
+			victim = r
+		}
+	}
+	var rest []*regnodeProc
+	for _, r := range rs {
+		if r != victim {
+			rest = append(rest, r)
+		}
+	}
+	handover(syscall.SIGKILL, victim, rest)
+	handover(syscall.SIGTERM, rest[0], rest[1:])
+	// Nothing changed state: no health write since all were HEALTHY.
+	resp, err := cli.Get(context.Background(), keys.Instances(), clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, kv := range resp.Kvs {
-		if kv.CreateRevision == rev {
-			return kv.Lease
+		if kv.ModRevision > head {
+			in, _ := keys.Decode(string(kv.Key), kv.Value, kv.CreateRevision, kv.ModRevision)
+			t.Fatalf("%s written at %d after the moves began (at %d): %v", kv.Key, kv.ModRevision, head, in.GetHealth())
 		}
 	}
-	t.Fatalf("no election key created at %d", rev)
-	return 0
+	t.Logf("%s (killed) owned %v, %s (stopped) owned %v; the others took them over with no write", victim.name, owners[victim.name], rest[0].name, owners[rest[0].name])
+}
+
+// countingTarget is a TCP listener that counts the connections it
+// accepted (each TCP probe is one).
+type countingTarget struct {
+	addr     string
+	accepted atomic.Int64
+}
+
+func newCountingTarget(t *testing.T) *countingTarget {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct := &countingTarget{addr: lis.Addr().String()}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			ct.accepted.Add(1)
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { lis.Close(); <-done })
+	return ct
 }
 
 func durationpbS(s int64) *durationpb.Duration { return &durationpb.Duration{Seconds: s} }

@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -48,6 +49,7 @@ var flagOf = map[string]string{
 	"Listen": "--listen", "AdvertiseAddress": "--advertise-address", "MetricsListen": "--metrics-listen", "EtcdEndpoints": "--etcd-endpoints",
 	"SessionTTL": "--session-ttl", "Prefix": "--prefix", "ProbeInterval": "--probe-interval",
 	"ProbeTimeout": "--probe-timeout", "ProbeConcurrency": "--probe-concurrency",
+	"Zone": "--zone", "MassDemotionShare": "--mass-demotion-share", "MassDemotionWindow": "--mass-demotion-window",
 	"RingSize": "--watch-ring-size", "QueueSize": "--watch-queue-size", "ShutdownGrace": "--shutdown-grace",
 	"Thresholds.FailuresToDegraded": "--degrade-after", "Thresholds.FailuresToUnavailable": "--unavailable-after",
 	"Thresholds.SuccessesToHealthy": "--recover-after", "Thresholds.SuccessesToDegraded": "--revive-after",
@@ -166,6 +168,9 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.DurationVar(&cfg.ProbeInterval, "probe-interval", cfg.ProbeInterval, "probe interval of instances whose check does not set one")
 	f.DurationVar(&cfg.ProbeTimeout, "probe-timeout", cfg.ProbeTimeout, "probe timeout of instances whose check does not set one")
 	f.IntVar(&cfg.ProbeConcurrency, "probe-concurrency", cfg.ProbeConcurrency, "probes in flight at most")
+	f.StringVar(&cfg.Zone, "zone", "", "this regnode's zone: evictions are confirmed by a regnode of another zone where there is one")
+	f.Float64Var(&cfg.MassDemotionShare, "mass-demotion-share", 0.5, "share of one service's or zone's checked instances that may be evicted within --mass-demotion-window, past which one more per sixth of it (negative: no limit)")
+	f.DurationVar(&cfg.MassDemotionWindow, "mass-demotion-window", time.Minute, "the window of --mass-demotion-share")
 	f.IntVar(&cfg.Thresholds.FailuresToDegraded, "degrade-after", cfg.Thresholds.FailuresToDegraded, "HEALTHY -> DEGRADED after this many consecutive failed or slow probes")
 	f.IntVar(&cfg.Thresholds.FailuresToUnavailable, "unavailable-after", cfg.Thresholds.FailuresToUnavailable, "DEGRADED -> UNAVAILABLE after this many consecutive failures")
 	f.IntVar(&cfg.Thresholds.SuccessesToHealthy, "recover-after", cfg.Thresholds.SuccessesToHealthy, "DEGRADED -> HEALTHY after this many consecutive successes")

@@ -186,7 +186,7 @@
     statusAt = Date.now();
     statusCalls.started++;
     try {
-      const r = await fetch("/api/v1/status", { headers: withToken({ Accept: "application/json" }) });
+      const r = await fetch("/api/v1/status?peers=true", { headers: withToken({ Accept: "application/json" }) });
       const s = await r.json();
       if (!r.ok) throw new Error(s.error || r.statusText);
       renderStatus(s);
@@ -337,6 +337,19 @@
         el("td", {}, el("span", { class: "badge " + (m.is_leader ? "s-SERVING" : "s-UNKNOWN"), text: m.is_leader ? "leader" : m.is_learner ? "learner" : "follower" })),
         el("td", { text: (m.client_urls || []).join(", ") }),
         el("td", { text: (m.peer_urls || []).join(", ") }))));
+    // Every regnode probes its share of the checked instances.
+    $("probing").tBodies[0].replaceChildren(...(s.probing || []).map((p) =>
+      el("tr", { "data-prober": p.node },
+        el("th", { scope: "row", text: p.node }),
+        el("td", { text: p.address }),
+        el("td", { text: p.zone || "–" }),
+        el("td", { class: "num", "data-col": "owned", text: p.error ? "–" : String(p.owned) }),
+        el("td", { class: "num", "data-col": "rate", text: p.error ? "–" : p.probes_per_second.toFixed(1) }),
+        el("td", { class: "num", "data-col": "disagreements", text: p.error ? "–" : String(p.disagreements) }),
+        el("td", { class: "num", "data-col": "held", text: p.error ? "–" : String(p.held) }),
+        el("td", { "data-col": "canary" }, p.error
+          ? el("span", { class: "badge s-UNKNOWN", text: "not asked: " + p.error })
+          : el("span", { class: "badge " + (p.canary ? "s-UNAVAILABLE" : "s-SERVING"), text: p.canary ? "failing: " + p.canary : "pass" })))));
   }
 
   // ---- xDS clients ------------------------------------------------------

@@ -47,6 +47,10 @@ type Metrics struct {
 	Limited            *prometheus.CounterVec   // calls refused by a per-peer limit, by limit
 	NotOwner           *prometheus.CounterVec   // calls refused for want of the registration's secret, by method
 	DNSQueries         *prometheus.CounterVec   // DNS queries (--dns-listen), by result (package dnsapi's Results)
+	ProbeOwned         prometheus.Gauge         // checked instances in this regnode's share
+	Disagreements      prometheus.Counter       // evictions another regnode's probe did not confirm
+	DemotionsHeld      *prometheus.CounterVec   // by reason: canary, mass
+	Confirmations      *prometheus.CounterVec   // ConfirmProbe asked of other regnodes, by result
 }
 
 // New creates the metrics on a fresh registry that also carries the Go
@@ -72,10 +76,10 @@ func New() *Metrics {
 		ResetsSent:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_resets_sent_total", Help: "Reset snapshots sent to subscribers, by reason (ring, slow-subscriber, new-epoch; a relist of the same etcd history sends the differences, not resets)."}, []string{"reason"}),
 		WatchRestarts:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_etcd_watch_restarts_total", Help: "Times this regnode's etcd watch was re-established, by reason."}, []string{"reason"}),
 		StaleBatches:       prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_stale_batches_total", Help: "Batches refused by a cache because they were older than it."}),
-		Probes:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_probes_total", Help: "Health probes run by this regnode while it led, by result."}, []string{"result"}),
+		Probes:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_probes_total", Help: "Health probes run by this regnode itself (of its share), by result."}, []string{"result"}),
 		ProbeSeconds:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "registry_probe_seconds", Help: "Latency of health probes.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
 		Transitions:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_health_transitions_total", Help: "Health transitions written, by from and to state."}, []string{"from", "to"}),
-		FenceRejections:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_fence_rejections_total", Help: "Health writes refused because this regnode was no longer the prober leader."}),
+		FenceRejections:    prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_fence_rejections_total", Help: "Health writes refused by their fence: the membership moved since this regnode's share was decided (or, for a leader's writes, it no longer led)."}),
 		LeaderChanges:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_leader_changes_total", Help: "Times this regnode started or stopped leading the prober."}),
 		Leading:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_prober_leader", Help: "1 while this regnode leads the prober."}),
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_requests_total", Help: "API calls, by method and gRPC code."}, []string{"method", "code"}),
@@ -83,8 +87,12 @@ func New() *Metrics {
 		Limited:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_limited_total", Help: "Calls refused with ResourceExhausted by a per-peer limit, by limit (write_rate, keepalive_rate, streams)."}, []string{"limit"}),
 		NotOwner:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_not_owner_total", Help: "KeepAlive and Deregister calls refused with PermissionDenied: no or another registration secret, by method."}, []string{"method"}),
 		DNSQueries:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_dns_queries_total", Help: "DNS queries (--dns-listen), by result: answer, truncated, nodata, nxdomain, refused, servfail, formerr, notimp, badvers; malformed and ratelimited were dropped unanswered."}, []string{"result"}),
+		ProbeOwned:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_probe_owned_instances", Help: "Checked instances in this regnode's share (it probes them and writes their health)."}),
+		Disagreements:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_probe_disagreements_total", Help: "Evictions this regnode's probes called for that another regnode's probe did not confirm (the instance stayed)."}),
+		DemotionsHeld:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_demotions_held_total", Help: "Demotions held back, by reason: canary (this regnode's own canaries failed), mass (the mass-demotion limit)."}, []string{"reason"}),
+		Confirmations:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_probe_confirmations_total", Help: "Evictions this regnode asked another regnode to confirm, by result: confirmed, disagreed, error."}, []string{"result"}),
 	}
-	r.MustRegister(m.Limited, m.NotOwner, m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
+	r.MustRegister(m.ProbeOwned, m.Disagreements, m.DemotionsHeld, m.Confirmations, m.Limited, m.NotOwner, m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
 		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.Acks, m.AckRequests, m.ResetsSent, m.WatchRestarts, m.StaleBatches,
 		m.Probes, m.ProbeSeconds, m.Transitions, m.FenceRejections, m.LeaderChanges, m.Leading, m.Requests, m.RequestSeconds, m.DNSQueries)
 	return m

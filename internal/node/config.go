@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -62,6 +63,17 @@ type Config struct {
 	ProbeTimeout time.Duration
 	// ProbeConcurrency bounds probes in flight (default 64).
 	ProbeConcurrency int
+	// Zone is this regnode's zone, announced to its peers: an eviction is
+	// confirmed by a regnode of another zone where there is one ("":
+	// none).
+	Zone string
+	// MassDemotionShare is the share of one service's (or zone's)
+	// checked instances that may be evicted within MassDemotionWindow,
+	// past which one more per sixth of the window (0: 0.5; negative: no
+	// limit); see prober.Config.MassShare.
+	MassDemotionShare float64
+	// MassDemotionWindow is that window (0: 1m).
+	MassDemotionWindow time.Duration
 	// Thresholds are the global health thresholds (default
 	// health.DefaultThresholds()); an instance's check overrides them.
 	Thresholds health.Thresholds
@@ -242,6 +254,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Prefix != "" && !strings.HasPrefix(c.Prefix, "/") {
 		return invalid("Prefix", c.Prefix, "must start with '/'")
+	}
+	if len(c.Zone) > record.MaxZoneLen {
+		return invalid("Zone", c.Zone, fmt.Sprintf("must be at most %d characters", record.MaxZoneLen))
+	}
+	if c.MassDemotionWindow < 0 {
+		return invalid("MassDemotionWindow", c.MassDemotionWindow, "must be >= 0 (0: the default 1m)")
+	}
+	if c.MassDemotionShare > 1 {
+		return invalid("MassDemotionShare", c.MassDemotionShare, "must be at most 1 (0: the default 0.5; negative: no limit)")
 	}
 	if c.ProbeInterval != 0 && c.ProbeInterval < 100*time.Millisecond {
 		return invalid("ProbeInterval", c.ProbeInterval, "must be at least the 100ms floor (0: the default)")

@@ -7,7 +7,9 @@
 //
 // config.go holds Config, DefaultConfig and Validate; start.go, Start;
 // stop.go, Close and the servers' drain; prober.go, the prober's wiring
-// (probe checker, prober, election); peers.go, the announcement; auth.go,
+// (probe checker, prober, the election that sweeps orphaned states);
+// sharding.go, sharded probing (membership, canaries, confirmations);
+// peers.go, the announcement; auth.go,
 // etcdauth.go, security.go and self.go, tokens, etcd credentials and TLS;
 // limits.go, the API's limits; web.go, the HTTP API and the dashboard;
 // dns.go, DNS (package dnsapi).
@@ -24,9 +26,10 @@
 //  1. Quiesced, at once and before anything is waited for: the
 //     announcement is revoked (peers' WaitApplied stop counting this
 //     regnode: it is announced from before its API serves to here, so it
-//     is counted for as long as it may have subscribers); the prober
-//     election is resigned (another regnode takes probing over while this
-//     one drains, instead of a session TTL later); the fan-out hub stops,
+//     is counted for as long as it may have subscribers; and its share
+//     of the probing moves to the others at once); the prober stops and
+//     the prober election is resigned (another regnode takes the orphan
+//     sweep over while this one drains, instead of a session TTL later); the fan-out hub stops,
 //     which ends every Watch and Subscribe stream with "regnode is
 //     stopping; resume on another" (so the API's graceful stop below waits
 //     only for unary calls, and subscribers move at once); the HTTP API's
@@ -69,6 +72,7 @@ import (
 	"github.com/regcluster/registry/internal/stopper"
 	"github.com/regcluster/registry/internal/txnbatch"
 	"github.com/regcluster/registry/probe"
+	"github.com/regcluster/registry/prober"
 	"github.com/regcluster/registry/xds"
 )
 
@@ -92,11 +96,15 @@ type Node struct {
 	leases  *leasepool.Pool    // Register's leases, granted ahead
 	commit  *txnbatch.Batcher  // Register's writes, group-committed
 	probe   *probe.Checker
-	mhttp   *http.Server
-	self    *selfListener     // the HTTP API's way in when the API serves TLS, or nil
-	forward *server.Forwarder // tells the gRPC API who called the HTTP API (web.go)
-	mlis    net.Listener
-	dns     *dnsapi.Server // nil unless DNS.Listen is set
+	prober  *prober.Prober
+	shards  *sharding // sharded probing (sharding.go)
+	// peerSecret proves this regnode to its peers (server.PeerHeader).
+	peerSecret string
+	mhttp      *http.Server
+	self       *selfListener     // the HTTP API's way in when the API serves TLS, or nil
+	forward    *server.Forwarder // tells the gRPC API who called the HTTP API (web.go)
+	mlis       net.Listener
+	dns        *dnsapi.Server // nil unless DNS.Listen is set
 
 	// life starts every long-lived part of the regnode and stops them,
 	// in the order Close states; up says Start finished.

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/regcluster/registry/internal/server"
+	"github.com/regcluster/registry/internal/shard"
 	"github.com/regcluster/registry/internal/tlsfiles"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -57,7 +58,7 @@ func (n *Node) announce(ctx context.Context, addr string) (*concurrency.Session,
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := n.cli.Put(pctx, nodesKey(n.cfg.Prefix)+addr, n.cfg.Name, clientv3.WithLease(sess.Lease())); err != nil {
+	if _, err := n.cli.Put(pctx, nodesKey(n.cfg.Prefix)+addr, shard.Announcement{Name: n.cfg.Name, Zone: n.cfg.Zone}.Encode(), clientv3.WithLease(sess.Lease())); err != nil {
 		sess.Close()
 		return nil, fmt.Errorf("announce regnode %s at %s: %w", n.cfg.Name, addr, err)
 	}
@@ -66,13 +67,34 @@ func (n *Node) announce(ctx context.Context, addr string) (*concurrency.Session,
 
 // keepAnnounced holds sess until ctx ends, when the regnode stops (then
 // revokes it: the key goes at once), announcing again whenever the session
-// is lost.
+// is lost, and putting the key back under the same session when the
+// membership shows it gone while the session lives (deleted by hand):
+// without it this regnode would own no share of the probing.
 func (n *Node) keepAnnounced(ctx context.Context, sess *concurrency.Session, addr string) {
 	for {
+		var changed <-chan struct{}
+		if n.shards != nil {
+			var v *shard.View
+			v, changed = n.shards.members.View()
+			if v != nil && v.Self < 0 && ctx.Err() == nil {
+				n.log.Warn("regnode announcement gone while its session lives; announcing again", "node", n.cfg.Name)
+				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, err := n.cli.Put(pctx, nodesKey(n.cfg.Prefix)+addr, shard.Announcement{Name: n.cfg.Name, Zone: n.cfg.Zone}.Encode(), clientv3.WithLease(sess.Lease()))
+				cancel()
+				if err != nil {
+					n.log.Warn("announce again", "err", err)
+					retry := make(chan struct{}) // try again in a second
+					time.AfterFunc(time.Second, func() { close(retry) })
+					changed = retry
+				}
+			}
+		}
 		select {
 		case <-ctx.Done():
 			sess.Close()
 			return
+		case <-changed:
+			continue
 		case <-sess.Done():
 		}
 		n.log.Warn("regnode announcement session lost; announcing again", "node", n.cfg.Name)
@@ -100,7 +122,7 @@ func (n *Node) peers(ctx context.Context) ([]server.Peer, error) {
 	}
 	out := make([]server.Peer, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		out = append(out, server.Peer{Name: string(kv.Value), Addr: strings.TrimPrefix(string(kv.Key), key)})
+		out = append(out, server.Peer{Name: shard.Decode(kv.Value).Name, Addr: strings.TrimPrefix(string(kv.Key), key)})
 	}
 	return out, nil
 }

@@ -14,11 +14,12 @@ import (
 	"github.com/regcluster/registry/store"
 )
 
-// startProber runs the prober election: while this regnode leads, it
-// health-checks every instance with a check. The election is quiesced
-// when the regnode stops: it resigns at once, so another regnode takes
-// over probing while this one drains; the checker closes once the
-// election (and the prober's leadership in it) has returned.
+// startProber makes the probe checker and the prober (sharding.go runs
+// its probing once this regnode is announced), and runs the prober
+// election, whose leader sweeps orphaned saved states. The election is
+// quiesced when the regnode stops: it resigns at once, so another
+// regnode takes the sweep over while this one drains; the checker closes
+// once the election and the prober have returned.
 func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) error {
 	m := n.metrics
 	var err error
@@ -35,7 +36,15 @@ func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) err
 	}
 	pr, err := prober.New(prober.Config{Store: st, View: n.hub.Cache().Snapshot, Probe: n.probe,
 		Thresholds: cfg.Thresholds, Interval: cfg.ProbeInterval, Concurrency: cfg.ProbeConcurrency,
-		Node: cfg.Name, Logger: n.log,
+		Node: cfg.Name, Logger: n.log, MassShare: cfg.MassDemotionShare,
+		MassWindow: cfg.MassDemotionWindow, MassTrickle: cfg.MassDemotionWindow / 6,
+		Confirm: func(ctx context.Context, in *registryv1.Instance) (prober.Verdict, error) {
+			return n.shards.confirm(ctx, in)
+		},
+		Canary:         func() string { return n.shards.Canary() },
+		OnOwned:        func(k int) { m.ProbeOwned.Set(float64(k)) },
+		OnDisagreement: m.Disagreements.Inc,
+		OnHeld:         func(kind string) { m.DemotionsHeld.WithLabelValues(kind).Inc() },
 		OnProbe: func(o health.Outcome, d time.Duration) {
 			m.Probes.WithLabelValues(strings.ToLower(o.String())).Inc()
 			m.ProbeSeconds.Observe(d.Seconds())
@@ -48,6 +57,7 @@ func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) err
 	if err != nil {
 		return err
 	}
+	n.prober = pr
 	el, err := election.New(election.Config{Client: n.cli, Prefix: cfg.Prefix, Name: cfg.Name,
 		SessionTTL: cfg.SessionTTL, Logger: n.log,
 		OnLeaderChange: func(leading bool) {
@@ -68,7 +78,7 @@ func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) err
 			case <-ctx.Done():
 				return nil
 			}
-			return el.Run(ctx, pr.Lead) // ends only with ctx
+			return el.Run(ctx, pr.Sweep) // ends only with ctx
 		}})
 }
 

@@ -291,7 +291,18 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.xds = xs
-	api, err := server.New(server.Config{XDS: xs, XDSList: xdsList{xs}, Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
+	if n.peerSecret, err = n.ensurePeerSecret(ctx); err != nil {
+		return nil, err
+	}
+	if check != nil {
+		check.AllowPeers(n.peerSecret)
+	}
+	api, err := server.New(server.Config{
+		Confirm: func(ctx context.Context, req *registryv1.ConfirmProbeRequest) (*registryv1.ConfirmProbeResponse, error) {
+			return n.shards.serveConfirm(ctx, req)
+		},
+		Probing: func() *registryv1.Probing { return n.shards.probing() },
+		XDS:     xs, XDSList: xdsList{xs}, Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
 		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey,
 		Addr: advertise, Peers: n.peers, DialPeer: n.dialPeer})
 	if err != nil {
@@ -301,11 +312,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	// regnode's subscribers from its first one on (peers.go).
 	// Quiesced: it goes first when the regnode stops, so that peers stop
 	// counting it while it drains.
+	n.shards = newSharding(n, advertise)
 	var sess *concurrency.Session
 	if err = n.life.Start(ctx, stopper.Component{Name: "announcement",
 		Start:   func(ctx context.Context) (err error) { sess, err = n.announce(ctx, advertise); return err },
 		Run:     func(ctx context.Context) error { n.keepAnnounced(ctx, sess, advertise); return nil },
 		Quiesce: true}); err != nil {
+		return nil, err
+	}
+	if err = n.startSharding(ctx); err != nil {
 		return nil, err
 	}
 	var transport []grpc.ServerOption

@@ -37,6 +37,7 @@ func TestStopperOwnsEveryPart(t *testing.T) {
 		"lease renewer", "lease pool", "txn batcher",
 		"fan-out (quiesce)", "probe checker", "prober election (quiesce)",
 		"token cache", "API listener", "announcement (quiesce)",
+		"membership", "canaries", "prober (quiesce)",
 		"registration sweeper", "xDS (quiesce)", "API server",
 		"metrics listener", "HTTP API's connection (quiesce)", "metrics server",
 		"health",

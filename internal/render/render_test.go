@@ -222,9 +222,21 @@ func TestStatusJSON(t *testing.T) {
 			ClientUrls: []string{"http://c"}, IsLeader: true}},
 		Counts:      &registryv1.InstanceCounts{Total: 3, Serving: 2, Draining: 1, Unknown: 3, Services: 2},
 		JunkSkipped: 1, Embedded: true, EtcdVersion: "3.7.3", Version: "0.1.0", Epoch: "5f1e",
+		Probing: &registryv1.Probing{Node: "rn-1", Owned: 9},
+		Regnodes: []*registryv1.Probing{{Node: "rn-1", Address: "10.0.0.1:7400", Zone: "z1", Owned: 9, Probes: 90, ProbesPerSecond: 9.5,
+			Disagreements: 2, Held: 1, Canary: "etcd slow", Members: 2}, {Node: "rn-2", Address: "10.0.0.2:7400", Error: "unreachable"}},
 	}))
 	wantKeys(t, "status", m, "node", "leader", "revision", "compact_revision", "members", "cluster_id", "epoch",
-		"counts", "junk_skipped", "embedded", "etcd_version", "version")
+		"counts", "junk_skipped", "embedded", "etcd_version", "version", "probing")
+	probing := m["probing"].([]any)
+	if len(probing) != 2 {
+		t.Fatalf("probing = %v, want both regnodes'", probing)
+	}
+	p0 := probing[0].(map[string]any)
+	wantKeys(t, "probing", p0, "node", "address", "zone", "owned", "probes", "probes_per_second", "disagreements", "held", "canary", "members")
+	if p0["owned"] != 9.0 || p0["disagreements"] != 2.0 || p0["canary"] != "etcd slow" || probing[1].(map[string]any)["error"] != "unreachable" {
+		t.Errorf("probing = %v", probing)
+	}
 	for k, want := range map[string]any{
 		"node": "rn-1", "leader": "rn-2", "revision": 99.0, "compact_revision": 50.0,
 		"cluster_id": "cdf818194e3a8c32", "epoch": "5f1e", "junk_skipped": 1.0, "embedded": true, "etcd_version": "3.7.3",

@@ -26,6 +26,33 @@ type Status struct {
 	EtcdVersion string `json:"etcd_version"`
 	// Version is the regnode's own version.
 	Version string `json:"version"`
+	// Probing is each announced regnode's share of the probing (when
+	// asked for every regnode), else the answering regnode's alone.
+	Probing []Probing `json:"probing"`
+}
+
+// Probing is one regnode's prober in Status: its share of the checked
+// instances, its probe rate, and how it judges.
+type Probing struct {
+	Node            string  `json:"node"`
+	Address         string  `json:"address"`
+	Zone            string  `json:"zone"`
+	Owned           int64   `json:"owned"`
+	Probes          uint64  `json:"probes"`
+	ProbesPerSecond float64 `json:"probes_per_second"`
+	Disagreements   uint64  `json:"disagreements"`
+	Held            uint64  `json:"held"`
+	// Canary says why its canaries fail, empty while they pass.
+	Canary  string `json:"canary"`
+	Members int32  `json:"members"`
+	// Error is set when that regnode could not be asked.
+	Error string `json:"error,omitempty"`
+}
+
+func newProbing(p *registryv1.Probing) Probing {
+	return Probing{Node: p.GetNode(), Address: p.GetAddress(), Zone: p.GetZone(), Owned: p.GetOwned(), Probes: p.GetProbes(),
+		ProbesPerSecond: p.GetProbesPerSecond(), Disagreements: p.GetDisagreements(), Held: p.GetHeld(), Canary: p.GetCanary(),
+		Members: p.GetMembers(), Error: p.GetError()}
 }
 
 // Member is one etcd member in Status.
@@ -65,8 +92,16 @@ func NewStatus(s *registryv1.StatusResponse) Status {
 			IsLearner:  m.GetIsLearner(),
 		})
 	}
+	probing := []Probing{}
+	for _, p := range s.GetRegnodes() {
+		probing = append(probing, newProbing(p))
+	}
+	if len(probing) == 0 && s.GetProbing() != nil {
+		probing = append(probing, newProbing(s.GetProbing()))
+	}
 	c := s.GetCounts()
 	return Status{
+		Probing:         probing,
 		Node:            s.GetNode(),
 		Leader:          s.GetLeader(),
 		Revision:        s.GetRevision(),

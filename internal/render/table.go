@@ -277,7 +277,8 @@ func WriteServices(w io.Writer, counts []ServiceCounts, wide bool) error {
 // WriteStatus writes a regnode's status: a "Key: value" block (node,
 // prober leader, revisions, cluster id, etcd version), the members table
 // (NAME ID CLIENT_URLS LEADER, and when wide also PEER_URLS LEARNER) and
-// the instance counts.
+// the instance counts, then each regnode's prober (PROBER ADDRESS ZONE
+// OWNED PROBES/S DISAGREEMENTS HELD CANARIES).
 func WriteStatus(w io.Writer, s Status, wide bool) error {
 	t := NewTable(w)
 	kv := func(k, v string) { t.Row(k+":", v) }
@@ -317,7 +318,34 @@ func WriteStatus(w io.Writer, s Status, wide bool) error {
 	t = NewTable(w, "INSTANCES", "SERVICES", "STARTING", "SERVING", "DRAINING", "HEALTHY", "DEGRADED", "UNAVAILABLE", "UNKNOWN")
 	t.Row(num(c.Total), num(c.Services), num(c.Starting), num(c.Serving), num(c.Draining),
 		num(c.Healthy), num(c.Degraded), num(c.Unavailable), num(c.Unknown))
+	if err := t.Flush(); err != nil {
+		return err
+	}
+	if len(s.Probing) == 0 {
+		return nil
+	}
+	io.WriteString(w, "\n")
+	t = NewTable(w, "PROBER", "ADDRESS", "ZONE", "OWNED", "PROBES/S", "DISAGREEMENTS", "HELD", "CANARIES")
+	for _, p := range s.Probing {
+		if p.Error != "" {
+			t.Row(p.Node, p.Address, "-", "-", "-", "-", "-", "not asked: "+p.Error)
+			continue
+		}
+		canary := "pass"
+		if p.Canary != "" {
+			canary = "FAIL: " + p.Canary
+		}
+		t.Row(p.Node, p.Address, dash(p.Zone), num(p.Owned), strconv.FormatFloat(p.ProbesPerSecond, 'f', 1, 64),
+			strconv.FormatUint(p.Disagreements, 10), strconv.FormatUint(p.Held, 10), canary)
+	}
 	return t.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func num(n int64) string { return strconv.FormatInt(n, 10) }

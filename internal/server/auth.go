@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +39,9 @@ type Auth struct {
 	cache   *token.Cache
 	log     *slog.Logger
 	refused *prometheus.CounterVec
+
+	peerMu     sync.Mutex
+	peerSecret string // AllowPeers
 }
 
 // NewAuth returns the check of cache, counting refusals on m
@@ -124,6 +128,10 @@ func requirement(method string, req any) (token.Method, string, error) {
 	case *registryv1.WaitAppliedRequest:
 		// Who follows a service, and how far: read on it.
 		return one(token.Get, r.Service)
+	case *registryv1.ConfirmProbeRequest:
+		// Another regnode's, with the peer secret; otherwise a probe of
+		// one instance's health: read on it.
+		return one(token.Get, r.Service)
 	case *registryv1.XdsClientsRequest:
 		// Who follows every service: read on every service, as an xDS
 		// stream needs.
@@ -182,6 +190,9 @@ func (a *Auth) Unary() grpc.UnaryServerInterceptor {
 		method := registryMethod(info.FullMethod)
 		if method == "" {
 			return handler(ctx, req)
+		}
+		if _, ok := req.(*registryv1.ConfirmProbeRequest); ok && a.fromPeer(ctx) {
+			return handler(ctx, req) // another regnode (AllowPeers)
 		}
 		r, err := a.authenticate(ctx, method)
 		if err != nil {

@@ -96,6 +96,11 @@ type Config struct {
 	// XDSList, if set, lists this regnode's xDS streams for XdsClients
 	// (package xds; nil: it has none).
 	XDSList XDSLister
+	// Confirm, if set, serves ConfirmProbe: a probe of the instance at
+	// once from this regnode (nil: Unimplemented).
+	Confirm func(context.Context, *registryv1.ConfirmProbeRequest) (*registryv1.ConfirmProbeResponse, error)
+	// Probing, if set, reports this regnode's prober for Status.
+	Probing func() *registryv1.Probing
 }
 
 // DefaultConfig is a Config with every default but the required fields.
@@ -691,7 +696,7 @@ func sendUnit(stream grpc.ServerStream, u *fanout.Unit) error {
 // Status reports the etcd cluster (members, leader, revision, compact
 // revision) and instance counts, at a revision no older than etcd's when
 // the call came (see countInstances).
-func (s *Server) Status(ctx context.Context, _ *registryv1.StatusRequest) (*registryv1.StatusResponse, error) {
+func (s *Server) Status(ctx context.Context, req *registryv1.StatusRequest) (*registryv1.StatusResponse, error) {
 	ctx, cancel := s.callCtx(ctx)
 	defer cancel()
 	cli := s.st.Client()
@@ -726,6 +731,7 @@ func (s *Server) Status(ctx context.Context, _ *registryv1.StatusRequest) (*regi
 	if s.cfg.Leader != nil {
 		resp.Leader = s.cfg.Leader(ctx)
 	}
+	resp.Probing, resp.Regnodes = s.probing(ctx, req.GetPeers())
 	return resp, nil
 }
 

@@ -342,7 +342,7 @@ func (x TokenScope_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TokenScope_Kind.Descriptor instead.
 func (TokenScope_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43, 0}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{46, 0}
 }
 
 // HealthCheck is the per-instance check spec. Zero fields take the
@@ -2042,7 +2042,10 @@ func (*WatchResponse_Events) isWatchResponse_Kind() {}
 func (*WatchResponse_Progress) isWatchResponse_Kind() {}
 
 type StatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// peers: also ask every other announced regnode for its probing
+	// (StatusResponse.regnodes).
+	Peers         bool `protobuf:"varint,1,opt,name=peers,proto3" json:"peers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2077,6 +2080,139 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 	return file_registry_v1_registry_proto_rawDescGZIP(), []int{23}
 }
 
+func (x *StatusRequest) GetPeers() bool {
+	if x != nil {
+		return x.Peers
+	}
+	return false
+}
+
+// Probing is what one regnode's prober does: its share of the checked
+// instances and how it judges them.
+type Probing struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Node            string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Address         string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"` // its advertised API address
+	Zone            string                 `protobuf:"bytes,3,opt,name=zone,proto3" json:"zone,omitempty"`
+	Owned           int64                  `protobuf:"varint,4,opt,name=owned,proto3" json:"owned,omitempty"`                                               // checked instances in its share
+	Probes          uint64                 `protobuf:"varint,5,opt,name=probes,proto3" json:"probes,omitempty"`                                             // probes it ran since it started
+	ProbesPerSecond float64                `protobuf:"fixed64,6,opt,name=probes_per_second,json=probesPerSecond,proto3" json:"probes_per_second,omitempty"` // over the last few seconds
+	Disagreements   uint64                 `protobuf:"varint,7,opt,name=disagreements,proto3" json:"disagreements,omitempty"`                               // evictions another regnode did not confirm
+	Held            uint64                 `protobuf:"varint,8,opt,name=held,proto3" json:"held,omitempty"`                                                 // demotions held back (canaries, mass limit)
+	Canary          string                 `protobuf:"bytes,9,opt,name=canary,proto3" json:"canary,omitempty"`                                              // why its canaries fail, empty while they pass
+	Members         int32                  `protobuf:"varint,10,opt,name=members,proto3" json:"members,omitempty"`                                          // live regnodes in its view of the membership
+	Error           string                 `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`                                               // set when the regnode could not be asked
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Probing) Reset() {
+	*x = Probing{}
+	mi := &file_registry_v1_registry_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Probing) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Probing) ProtoMessage() {}
+
+func (x *Probing) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Probing.ProtoReflect.Descriptor instead.
+func (*Probing) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Probing) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Probing) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Probing) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *Probing) GetOwned() int64 {
+	if x != nil {
+		return x.Owned
+	}
+	return 0
+}
+
+func (x *Probing) GetProbes() uint64 {
+	if x != nil {
+		return x.Probes
+	}
+	return 0
+}
+
+func (x *Probing) GetProbesPerSecond() float64 {
+	if x != nil {
+		return x.ProbesPerSecond
+	}
+	return 0
+}
+
+func (x *Probing) GetDisagreements() uint64 {
+	if x != nil {
+		return x.Disagreements
+	}
+	return 0
+}
+
+func (x *Probing) GetHeld() uint64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *Probing) GetCanary() string {
+	if x != nil {
+		return x.Canary
+	}
+	return ""
+}
+
+func (x *Probing) GetMembers() int32 {
+	if x != nil {
+		return x.Members
+	}
+	return 0
+}
+
+func (x *Probing) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type Member struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2091,7 +2227,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_registry_v1_registry_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2239,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_registry_v1_registry_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2252,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{24}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Member) GetId() uint64 {
@@ -2178,7 +2314,7 @@ type InstanceCounts struct {
 
 func (x *InstanceCounts) Reset() {
 	*x = InstanceCounts{}
-	mi := &file_registry_v1_registry_proto_msgTypes[25]
+	mi := &file_registry_v1_registry_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2326,7 @@ func (x *InstanceCounts) String() string {
 func (*InstanceCounts) ProtoMessage() {}
 
 func (x *InstanceCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[25]
+	mi := &file_registry_v1_registry_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2339,7 @@ func (x *InstanceCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceCounts.ProtoReflect.Descriptor instead.
 func (*InstanceCounts) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{25}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *InstanceCounts) GetTotal() int64 {
@@ -2282,14 +2418,16 @@ type StatusResponse struct {
 	JunkSkipped     int64                  `protobuf:"varint,9,opt,name=junk_skipped,json=junkSkipped,proto3" json:"junk_skipped,omitempty"`
 	EtcdVersion     string                 `protobuf:"bytes,10,opt,name=etcd_version,json=etcdVersion,proto3" json:"etcd_version,omitempty"`
 	Version         string                 `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
-	Epoch           string                 `protobuf:"bytes,12,opt,name=epoch,proto3" json:"epoch,omitempty"` // the etcd history this regnode follows
+	Epoch           string                 `protobuf:"bytes,12,opt,name=epoch,proto3" json:"epoch,omitempty"`       // the etcd history this regnode follows
+	Probing         *Probing               `protobuf:"bytes,13,opt,name=probing,proto3" json:"probing,omitempty"`   // this regnode's prober
+	Regnodes        []*Probing             `protobuf:"bytes,14,rep,name=regnodes,proto3" json:"regnodes,omitempty"` // every announced regnode's (StatusRequest.peers)
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[26]
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2301,7 +2439,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[26]
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2314,7 +2452,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{26}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -2401,6 +2539,159 @@ func (x *StatusResponse) GetEpoch() string {
 	return ""
 }
 
+func (x *StatusResponse) GetProbing() *Probing {
+	if x != nil {
+		return x.Probing
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetRegnodes() []*Probing {
+	if x != nil {
+		return x.Regnodes
+	}
+	return nil
+}
+
+// ConfirmProbeRequest asks a regnode to probe an instance another
+// regnode would evict, from its own view's record of it (never an
+// address the caller gives).
+type ConfirmProbeRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Service        string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Id             string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	CreateRevision int64                  `protobuf:"varint,3,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"` // the incarnation the asker probed
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ConfirmProbeRequest) Reset() {
+	*x = ConfirmProbeRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfirmProbeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfirmProbeRequest) ProtoMessage() {}
+
+func (x *ConfirmProbeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfirmProbeRequest.ProtoReflect.Descriptor instead.
+func (*ConfirmProbeRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ConfirmProbeRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *ConfirmProbeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ConfirmProbeRequest) GetCreateRevision() int64 {
+	if x != nil {
+		return x.CreateRevision
+	}
+	return 0
+}
+
+type ConfirmProbeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`        // the regnode that probed
+	Failing       bool                   `protobuf:"varint,2,opt,name=failing,proto3" json:"failing,omitempty"` // its probe failed too
+	Outcome       string                 `protobuf:"bytes,3,opt,name=outcome,proto3" json:"outcome,omitempty"`  // ok, slow, timeout, refused, ...
+	Detail        string                 `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	Latency       *durationpb.Duration   `protobuf:"bytes,5,opt,name=latency,proto3" json:"latency,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfirmProbeResponse) Reset() {
+	*x = ConfirmProbeResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfirmProbeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfirmProbeResponse) ProtoMessage() {}
+
+func (x *ConfirmProbeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfirmProbeResponse.ProtoReflect.Descriptor instead.
+func (*ConfirmProbeResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ConfirmProbeResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ConfirmProbeResponse) GetFailing() bool {
+	if x != nil {
+		return x.Failing
+	}
+	return false
+}
+
+func (x *ConfirmProbeResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *ConfirmProbeResponse) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *ConfirmProbeResponse) GetLatency() *durationpb.Duration {
+	if x != nil {
+		return x.Latency
+	}
+	return nil
+}
+
 // SubscribeRequest is one message of a client on a Subscribe stream.
 type SubscribeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2419,7 +2710,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2431,7 +2722,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2444,7 +2735,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SubscribeRequest) GetKind() isSubscribeRequest_Kind {
@@ -2525,7 +2816,7 @@ type SubscribeAdd struct {
 
 func (x *SubscribeAdd) Reset() {
 	*x = SubscribeAdd{}
-	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2537,7 +2828,7 @@ func (x *SubscribeAdd) String() string {
 func (*SubscribeAdd) ProtoMessage() {}
 
 func (x *SubscribeAdd) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2550,7 +2841,7 @@ func (x *SubscribeAdd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeAdd.ProtoReflect.Descriptor instead.
 func (*SubscribeAdd) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SubscribeAdd) GetService() string {
@@ -2585,7 +2876,7 @@ type SubscribeRemove struct {
 
 func (x *SubscribeRemove) Reset() {
 	*x = SubscribeRemove{}
-	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +2888,7 @@ func (x *SubscribeRemove) String() string {
 func (*SubscribeRemove) ProtoMessage() {}
 
 func (x *SubscribeRemove) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,7 +2901,7 @@ func (x *SubscribeRemove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRemove.ProtoReflect.Descriptor instead.
 func (*SubscribeRemove) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SubscribeRemove) GetService() string {
@@ -2632,7 +2923,7 @@ type SubscribeAck struct {
 
 func (x *SubscribeAck) Reset() {
 	*x = SubscribeAck{}
-	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2644,7 +2935,7 @@ func (x *SubscribeAck) String() string {
 func (*SubscribeAck) ProtoMessage() {}
 
 func (x *SubscribeAck) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2657,7 +2948,7 @@ func (x *SubscribeAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeAck.ProtoReflect.Descriptor instead.
 func (*SubscribeAck) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SubscribeAck) GetService() string {
@@ -2689,7 +2980,7 @@ type SubscribeError struct {
 
 func (x *SubscribeError) Reset() {
 	*x = SubscribeError{}
-	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2992,7 @@ func (x *SubscribeError) String() string {
 func (*SubscribeError) ProtoMessage() {}
 
 func (x *SubscribeError) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +3005,7 @@ func (x *SubscribeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeError.ProtoReflect.Descriptor instead.
 func (*SubscribeError) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{31}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SubscribeError) GetCode() int32 {
@@ -2766,7 +3057,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +3069,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +3082,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{32}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SubscribeResponse) GetService() string {
@@ -2832,7 +3123,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +3135,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +3148,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AckRequest) GetRevision() int64 {
@@ -2884,7 +3175,7 @@ type WaitAppliedRequest struct {
 
 func (x *WaitAppliedRequest) Reset() {
 	*x = WaitAppliedRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	mi := &file_registry_v1_registry_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2896,7 +3187,7 @@ func (x *WaitAppliedRequest) String() string {
 func (*WaitAppliedRequest) ProtoMessage() {}
 
 func (x *WaitAppliedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	mi := &file_registry_v1_registry_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2909,7 +3200,7 @@ func (x *WaitAppliedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitAppliedRequest.ProtoReflect.Descriptor instead.
 func (*WaitAppliedRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WaitAppliedRequest) GetService() string {
@@ -2957,7 +3248,7 @@ type Laggard struct {
 
 func (x *Laggard) Reset() {
 	*x = Laggard{}
-	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2969,7 +3260,7 @@ func (x *Laggard) String() string {
 func (*Laggard) ProtoMessage() {}
 
 func (x *Laggard) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2982,7 +3273,7 @@ func (x *Laggard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Laggard.ProtoReflect.Descriptor instead.
 func (*Laggard) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{35}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Laggard) GetSubscriber() string {
@@ -3040,7 +3331,7 @@ type NodeApplied struct {
 
 func (x *NodeApplied) Reset() {
 	*x = NodeApplied{}
-	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3343,7 @@ func (x *NodeApplied) String() string {
 func (*NodeApplied) ProtoMessage() {}
 
 func (x *NodeApplied) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3356,7 @@ func (x *NodeApplied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeApplied.ProtoReflect.Descriptor instead.
 func (*NodeApplied) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{36}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NodeApplied) GetNode() string {
@@ -3170,7 +3461,7 @@ type WaitAppliedResponse struct {
 
 func (x *WaitAppliedResponse) Reset() {
 	*x = WaitAppliedResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[37]
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3182,7 +3473,7 @@ func (x *WaitAppliedResponse) String() string {
 func (*WaitAppliedResponse) ProtoMessage() {}
 
 func (x *WaitAppliedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[37]
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3195,7 +3486,7 @@ func (x *WaitAppliedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitAppliedResponse.ProtoReflect.Descriptor instead.
 func (*WaitAppliedResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WaitAppliedResponse) GetDone() bool {
@@ -3267,7 +3558,7 @@ type XdsClientsRequest struct {
 
 func (x *XdsClientsRequest) Reset() {
 	*x = XdsClientsRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3570,7 @@ func (x *XdsClientsRequest) String() string {
 func (*XdsClientsRequest) ProtoMessage() {}
 
 func (x *XdsClientsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3583,7 @@ func (x *XdsClientsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsClientsRequest.ProtoReflect.Descriptor instead.
 func (*XdsClientsRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *XdsClientsRequest) GetAll() bool {
@@ -3320,7 +3611,7 @@ type XdsFollowed struct {
 
 func (x *XdsFollowed) Reset() {
 	*x = XdsFollowed{}
-	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3332,7 +3623,7 @@ func (x *XdsFollowed) String() string {
 func (*XdsFollowed) ProtoMessage() {}
 
 func (x *XdsFollowed) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3345,7 +3636,7 @@ func (x *XdsFollowed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsFollowed.ProtoReflect.Descriptor instead.
 func (*XdsFollowed) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *XdsFollowed) GetService() string {
@@ -3396,7 +3687,7 @@ type XdsClient struct {
 
 func (x *XdsClient) Reset() {
 	*x = XdsClient{}
-	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3408,7 +3699,7 @@ func (x *XdsClient) String() string {
 func (*XdsClient) ProtoMessage() {}
 
 func (x *XdsClient) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3421,7 +3712,7 @@ func (x *XdsClient) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsClient.ProtoReflect.Descriptor instead.
 func (*XdsClient) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *XdsClient) GetNode() string {
@@ -3514,7 +3805,7 @@ type NodeXdsClients struct {
 
 func (x *NodeXdsClients) Reset() {
 	*x = NodeXdsClients{}
-	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3526,7 +3817,7 @@ func (x *NodeXdsClients) String() string {
 func (*NodeXdsClients) ProtoMessage() {}
 
 func (x *NodeXdsClients) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3539,7 +3830,7 @@ func (x *NodeXdsClients) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeXdsClients.ProtoReflect.Descriptor instead.
 func (*NodeXdsClients) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NodeXdsClients) GetNode() string {
@@ -3579,7 +3870,7 @@ type XdsClientsResponse struct {
 
 func (x *XdsClientsResponse) Reset() {
 	*x = XdsClientsResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	mi := &file_registry_v1_registry_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3591,7 +3882,7 @@ func (x *XdsClientsResponse) String() string {
 func (*XdsClientsResponse) ProtoMessage() {}
 
 func (x *XdsClientsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	mi := &file_registry_v1_registry_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3604,7 +3895,7 @@ func (x *XdsClientsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsClientsResponse.ProtoReflect.Descriptor instead.
 func (*XdsClientsResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *XdsClientsResponse) GetNodes() []*NodeXdsClients {
@@ -3626,7 +3917,7 @@ type TokenScope struct {
 
 func (x *TokenScope) Reset() {
 	*x = TokenScope{}
-	mi := &file_registry_v1_registry_proto_msgTypes[43]
+	mi := &file_registry_v1_registry_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3638,7 +3929,7 @@ func (x *TokenScope) String() string {
 func (*TokenScope) ProtoMessage() {}
 
 func (x *TokenScope) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[43]
+	mi := &file_registry_v1_registry_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +3942,7 @@ func (x *TokenScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenScope.ProtoReflect.Descriptor instead.
 func (*TokenScope) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TokenScope) GetKind() TokenScope_Kind {
@@ -3684,7 +3975,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_registry_v1_registry_proto_msgTypes[44]
+	mi := &file_registry_v1_registry_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3696,7 +3987,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[44]
+	mi := &file_registry_v1_registry_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3709,7 +4000,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TokenInfo) GetName() string {
@@ -3773,7 +4064,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[45]
+	mi := &file_registry_v1_registry_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +4076,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[45]
+	mi := &file_registry_v1_registry_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +4089,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{45}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CreateTokenRequest) GetName() string {
@@ -3839,7 +4130,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[46]
+	mi := &file_registry_v1_registry_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3851,7 +4142,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[46]
+	mi := &file_registry_v1_registry_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3864,7 +4155,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{46}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -3889,7 +4180,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[47]
+	mi := &file_registry_v1_registry_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3901,7 +4192,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[47]
+	mi := &file_registry_v1_registry_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3914,7 +4205,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{47}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{50}
 }
 
 type ListTokensResponse struct {
@@ -3926,7 +4217,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[48]
+	mi := &file_registry_v1_registry_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3938,7 +4229,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[48]
+	mi := &file_registry_v1_registry_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3951,7 +4242,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{48}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3970,7 +4261,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[49]
+	mi := &file_registry_v1_registry_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3982,7 +4273,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[49]
+	mi := &file_registry_v1_registry_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3995,7 +4286,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{49}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RevokeTokenRequest) GetName() string {
@@ -4014,7 +4305,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[50]
+	mi := &file_registry_v1_registry_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4026,7 +4317,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[50]
+	mi := &file_registry_v1_registry_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4039,7 +4330,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{50}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RevokeTokenResponse) GetRevision() int64 {
@@ -4192,8 +4483,22 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x06events\x18\x03 \x01(\v2\x13.registry.v1.EventsH\x00R\x06events\x123\n" +
 	"\bprogress\x18\x04 \x01(\v2\x15.registry.v1.ProgressH\x00R\bprogress\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\tR\x05epochB\x06\n" +
-	"\x04kind\"\x0f\n" +
-	"\rStatusRequest\"\xa6\x01\n" +
+	"\x04kind\"%\n" +
+	"\rStatusRequest\x12\x14\n" +
+	"\x05peers\x18\x01 \x01(\bR\x05peers\"\xa7\x02\n" +
+	"\aProbing\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x14\n" +
+	"\x05owned\x18\x04 \x01(\x03R\x05owned\x12\x16\n" +
+	"\x06probes\x18\x05 \x01(\x04R\x06probes\x12*\n" +
+	"\x11probes_per_second\x18\x06 \x01(\x01R\x0fprobesPerSecond\x12$\n" +
+	"\rdisagreements\x18\a \x01(\x04R\rdisagreements\x12\x12\n" +
+	"\x04held\x18\b \x01(\x04R\x04held\x12\x16\n" +
+	"\x06canary\x18\t \x01(\tR\x06canary\x12\x18\n" +
+	"\amembers\x18\n" +
+	" \x01(\x05R\amembers\x12\x14\n" +
+	"\x05error\x18\v \x01(\tR\x05error\"\xa6\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
@@ -4212,7 +4517,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\bdegraded\x18\x06 \x01(\x03R\bdegraded\x12 \n" +
 	"\vunavailable\x18\a \x01(\x03R\vunavailable\x12\x18\n" +
 	"\aunknown\x18\b \x01(\x03R\aunknown\x12\x1a\n" +
-	"\bservices\x18\t \x01(\x03R\bservices\"\x98\x03\n" +
+	"\bservices\x18\t \x01(\x03R\bservices\"\xfa\x03\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x1a\n" +
@@ -4227,7 +4532,19 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\fetcd_version\x18\n" +
 	" \x01(\tR\vetcdVersion\x12\x18\n" +
 	"\aversion\x18\v \x01(\tR\aversion\x12\x14\n" +
-	"\x05epoch\x18\f \x01(\tR\x05epoch\"\xd0\x01\n" +
+	"\x05epoch\x18\f \x01(\tR\x05epoch\x12.\n" +
+	"\aprobing\x18\r \x01(\v2\x14.registry.v1.ProbingR\aprobing\x120\n" +
+	"\bregnodes\x18\x0e \x03(\v2\x14.registry.v1.ProbingR\bregnodes\"h\n" +
+	"\x13ConfirmProbeRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12'\n" +
+	"\x0fcreate_revision\x18\x03 \x01(\x03R\x0ecreateRevision\"\xab\x01\n" +
+	"\x14ConfirmProbeResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\afailing\x18\x02 \x01(\bR\afailing\x12\x18\n" +
+	"\aoutcome\x18\x03 \x01(\tR\aoutcome\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x123\n" +
+	"\alatency\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\alatency\"\xd0\x01\n" +
 	"\x10SubscribeRequest\x12-\n" +
 	"\x03add\x18\x01 \x01(\v2\x19.registry.v1.SubscribeAddH\x00R\x03add\x126\n" +
 	"\x06remove\x18\x02 \x01(\v2\x1c.registry.v1.SubscribeRemoveH\x00R\x06remove\x12-\n" +
@@ -4382,7 +4699,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fTOKEN_ROLE_READ\x10\x01\x12\x17\n" +
 	"\x13TOKEN_ROLE_REGISTER\x10\x02\x12\x16\n" +
 	"\x12TOKEN_ROLE_OPERATE\x10\x03\x12\x14\n" +
-	"\x10TOKEN_ROLE_ADMIN\x10\x042\xe5\x06\n" +
+	"\x10TOKEN_ROLE_ADMIN\x10\x042\xba\a\n" +
 	"\bRegistry\x12G\n" +
 	"\bRegister\x12\x1c.registry.v1.RegisterRequest\x1a\x1d.registry.v1.RegisterResponse\x12N\n" +
 	"\tKeepAlive\x12\x1d.registry.v1.KeepAliveRequest\x1a\x1e.registry.v1.KeepAliveResponse(\x010\x01\x12M\n" +
@@ -4397,7 +4714,8 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1d.registry.v1.SubscribeRequest\x1a\x1e.registry.v1.SubscribeResponse(\x010\x01\x12P\n" +
 	"\vWaitApplied\x12\x1f.registry.v1.WaitAppliedRequest\x1a .registry.v1.WaitAppliedResponse\x12M\n" +
 	"\n" +
-	"XdsClients\x12\x1e.registry.v1.XdsClientsRequest\x1a\x1f.registry.v1.XdsClientsResponse2\xfb\x01\n" +
+	"XdsClients\x12\x1e.registry.v1.XdsClientsRequest\x1a\x1f.registry.v1.XdsClientsResponse\x12S\n" +
+	"\fConfirmProbe\x12 .registry.v1.ConfirmProbeRequest\x1a!.registry.v1.ConfirmProbeResponse2\xfb\x01\n" +
 	"\x06Tokens\x12P\n" +
 	"\vCreateToken\x12\x1f.registry.v1.CreateTokenRequest\x1a .registry.v1.CreateTokenResponse\x12M\n" +
 	"\n" +
@@ -4417,7 +4735,7 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Lifecycle)(0),                // 0: registry.v1.Lifecycle
 	(HealthState)(0),              // 1: registry.v1.HealthState
@@ -4449,54 +4767,57 @@ var file_registry_v1_registry_proto_goTypes = []any{
 	(*Progress)(nil),              // 27: registry.v1.Progress
 	(*WatchResponse)(nil),         // 28: registry.v1.WatchResponse
 	(*StatusRequest)(nil),         // 29: registry.v1.StatusRequest
-	(*Member)(nil),                // 30: registry.v1.Member
-	(*InstanceCounts)(nil),        // 31: registry.v1.InstanceCounts
-	(*StatusResponse)(nil),        // 32: registry.v1.StatusResponse
-	(*SubscribeRequest)(nil),      // 33: registry.v1.SubscribeRequest
-	(*SubscribeAdd)(nil),          // 34: registry.v1.SubscribeAdd
-	(*SubscribeRemove)(nil),       // 35: registry.v1.SubscribeRemove
-	(*SubscribeAck)(nil),          // 36: registry.v1.SubscribeAck
-	(*SubscribeError)(nil),        // 37: registry.v1.SubscribeError
-	(*SubscribeResponse)(nil),     // 38: registry.v1.SubscribeResponse
-	(*AckRequest)(nil),            // 39: registry.v1.AckRequest
-	(*WaitAppliedRequest)(nil),    // 40: registry.v1.WaitAppliedRequest
-	(*Laggard)(nil),               // 41: registry.v1.Laggard
-	(*NodeApplied)(nil),           // 42: registry.v1.NodeApplied
-	(*WaitAppliedResponse)(nil),   // 43: registry.v1.WaitAppliedResponse
-	(*XdsClientsRequest)(nil),     // 44: registry.v1.XdsClientsRequest
-	(*XdsFollowed)(nil),           // 45: registry.v1.XdsFollowed
-	(*XdsClient)(nil),             // 46: registry.v1.XdsClient
-	(*NodeXdsClients)(nil),        // 47: registry.v1.NodeXdsClients
-	(*XdsClientsResponse)(nil),    // 48: registry.v1.XdsClientsResponse
-	(*TokenScope)(nil),            // 49: registry.v1.TokenScope
-	(*TokenInfo)(nil),             // 50: registry.v1.TokenInfo
-	(*CreateTokenRequest)(nil),    // 51: registry.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 52: registry.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 53: registry.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 54: registry.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),    // 55: registry.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),   // 56: registry.v1.RevokeTokenResponse
-	nil,                           // 57: registry.v1.Instance.MetadataEntry
-	nil,                           // 58: registry.v1.SubscribeError.MetadataEntry
-	(*durationpb.Duration)(nil),   // 59: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 60: google.protobuf.Timestamp
+	(*Probing)(nil),               // 30: registry.v1.Probing
+	(*Member)(nil),                // 31: registry.v1.Member
+	(*InstanceCounts)(nil),        // 32: registry.v1.InstanceCounts
+	(*StatusResponse)(nil),        // 33: registry.v1.StatusResponse
+	(*ConfirmProbeRequest)(nil),   // 34: registry.v1.ConfirmProbeRequest
+	(*ConfirmProbeResponse)(nil),  // 35: registry.v1.ConfirmProbeResponse
+	(*SubscribeRequest)(nil),      // 36: registry.v1.SubscribeRequest
+	(*SubscribeAdd)(nil),          // 37: registry.v1.SubscribeAdd
+	(*SubscribeRemove)(nil),       // 38: registry.v1.SubscribeRemove
+	(*SubscribeAck)(nil),          // 39: registry.v1.SubscribeAck
+	(*SubscribeError)(nil),        // 40: registry.v1.SubscribeError
+	(*SubscribeResponse)(nil),     // 41: registry.v1.SubscribeResponse
+	(*AckRequest)(nil),            // 42: registry.v1.AckRequest
+	(*WaitAppliedRequest)(nil),    // 43: registry.v1.WaitAppliedRequest
+	(*Laggard)(nil),               // 44: registry.v1.Laggard
+	(*NodeApplied)(nil),           // 45: registry.v1.NodeApplied
+	(*WaitAppliedResponse)(nil),   // 46: registry.v1.WaitAppliedResponse
+	(*XdsClientsRequest)(nil),     // 47: registry.v1.XdsClientsRequest
+	(*XdsFollowed)(nil),           // 48: registry.v1.XdsFollowed
+	(*XdsClient)(nil),             // 49: registry.v1.XdsClient
+	(*NodeXdsClients)(nil),        // 50: registry.v1.NodeXdsClients
+	(*XdsClientsResponse)(nil),    // 51: registry.v1.XdsClientsResponse
+	(*TokenScope)(nil),            // 52: registry.v1.TokenScope
+	(*TokenInfo)(nil),             // 53: registry.v1.TokenInfo
+	(*CreateTokenRequest)(nil),    // 54: registry.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 55: registry.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),     // 56: registry.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 57: registry.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),    // 58: registry.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),   // 59: registry.v1.RevokeTokenResponse
+	nil,                           // 60: registry.v1.Instance.MetadataEntry
+	nil,                           // 61: registry.v1.SubscribeError.MetadataEntry
+	(*durationpb.Duration)(nil),   // 62: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 63: google.protobuf.Timestamp
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	2,  // 0: registry.v1.HealthCheck.kind:type_name -> registry.v1.CheckKind
-	59, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	59, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
-	59, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
+	62, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	62, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	62, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
 	1,  // 4: registry.v1.Health.state:type_name -> registry.v1.HealthState
-	60, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
-	59, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
-	57, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
+	63, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
+	62, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
+	60, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
 	6,  // 8: registry.v1.Instance.check:type_name -> registry.v1.HealthCheck
 	0,  // 9: registry.v1.Instance.lifecycle:type_name -> registry.v1.Lifecycle
 	7,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
-	60, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	60, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
+	63, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	63, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
 	8,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
-	59, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
+	62, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
 	8,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
 	8,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
 	8,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
@@ -4509,70 +4830,75 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	24, // 24: registry.v1.WatchResponse.snapshot:type_name -> registry.v1.Snapshot
 	26, // 25: registry.v1.WatchResponse.events:type_name -> registry.v1.Events
 	27, // 26: registry.v1.WatchResponse.progress:type_name -> registry.v1.Progress
-	30, // 27: registry.v1.StatusResponse.members:type_name -> registry.v1.Member
-	31, // 28: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
-	34, // 29: registry.v1.SubscribeRequest.add:type_name -> registry.v1.SubscribeAdd
-	35, // 30: registry.v1.SubscribeRequest.remove:type_name -> registry.v1.SubscribeRemove
-	36, // 31: registry.v1.SubscribeRequest.ack:type_name -> registry.v1.SubscribeAck
-	58, // 32: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
-	28, // 33: registry.v1.SubscribeResponse.unit:type_name -> registry.v1.WatchResponse
-	37, // 34: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
-	39, // 35: registry.v1.SubscribeResponse.ack_request:type_name -> registry.v1.AckRequest
-	59, // 36: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
-	41, // 37: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
-	41, // 38: registry.v1.NodeApplied.watch_laggards:type_name -> registry.v1.Laggard
-	41, // 39: registry.v1.NodeApplied.xds_laggards:type_name -> registry.v1.Laggard
-	42, // 40: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
-	45, // 41: registry.v1.XdsClient.services:type_name -> registry.v1.XdsFollowed
-	60, // 42: registry.v1.XdsClient.connected:type_name -> google.protobuf.Timestamp
-	46, // 43: registry.v1.NodeXdsClients.clients:type_name -> registry.v1.XdsClient
-	47, // 44: registry.v1.XdsClientsResponse.nodes:type_name -> registry.v1.NodeXdsClients
-	5,  // 45: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
-	3,  // 46: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
-	49, // 47: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
-	60, // 48: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	60, // 49: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	60, // 50: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
-	3,  // 51: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
-	49, // 52: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
-	59, // 53: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	50, // 54: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
-	50, // 55: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
-	9,  // 56: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	11, // 57: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	13, // 58: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	15, // 59: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	17, // 60: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	19, // 61: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	21, // 62: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	23, // 63: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	29, // 64: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	33, // 65: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
-	40, // 66: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
-	44, // 67: registry.v1.Registry.XdsClients:input_type -> registry.v1.XdsClientsRequest
-	51, // 68: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
-	53, // 69: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
-	55, // 70: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
-	10, // 71: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	12, // 72: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	14, // 73: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	16, // 74: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	18, // 75: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	20, // 76: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	22, // 77: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	28, // 78: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	32, // 79: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	38, // 80: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
-	43, // 81: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
-	48, // 82: registry.v1.Registry.XdsClients:output_type -> registry.v1.XdsClientsResponse
-	52, // 83: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
-	54, // 84: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
-	56, // 85: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
-	71, // [71:86] is the sub-list for method output_type
-	56, // [56:71] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	31, // 27: registry.v1.StatusResponse.members:type_name -> registry.v1.Member
+	32, // 28: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
+	30, // 29: registry.v1.StatusResponse.probing:type_name -> registry.v1.Probing
+	30, // 30: registry.v1.StatusResponse.regnodes:type_name -> registry.v1.Probing
+	62, // 31: registry.v1.ConfirmProbeResponse.latency:type_name -> google.protobuf.Duration
+	37, // 32: registry.v1.SubscribeRequest.add:type_name -> registry.v1.SubscribeAdd
+	38, // 33: registry.v1.SubscribeRequest.remove:type_name -> registry.v1.SubscribeRemove
+	39, // 34: registry.v1.SubscribeRequest.ack:type_name -> registry.v1.SubscribeAck
+	61, // 35: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
+	28, // 36: registry.v1.SubscribeResponse.unit:type_name -> registry.v1.WatchResponse
+	40, // 37: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
+	42, // 38: registry.v1.SubscribeResponse.ack_request:type_name -> registry.v1.AckRequest
+	62, // 39: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
+	44, // 40: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
+	44, // 41: registry.v1.NodeApplied.watch_laggards:type_name -> registry.v1.Laggard
+	44, // 42: registry.v1.NodeApplied.xds_laggards:type_name -> registry.v1.Laggard
+	45, // 43: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
+	48, // 44: registry.v1.XdsClient.services:type_name -> registry.v1.XdsFollowed
+	63, // 45: registry.v1.XdsClient.connected:type_name -> google.protobuf.Timestamp
+	49, // 46: registry.v1.NodeXdsClients.clients:type_name -> registry.v1.XdsClient
+	50, // 47: registry.v1.XdsClientsResponse.nodes:type_name -> registry.v1.NodeXdsClients
+	5,  // 48: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
+	3,  // 49: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
+	52, // 50: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
+	63, // 51: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	63, // 52: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	63, // 53: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
+	3,  // 54: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
+	52, // 55: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
+	62, // 56: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	53, // 57: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
+	53, // 58: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
+	9,  // 59: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	11, // 60: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	13, // 61: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	15, // 62: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	17, // 63: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	19, // 64: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	21, // 65: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	23, // 66: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	29, // 67: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	36, // 68: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
+	43, // 69: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
+	47, // 70: registry.v1.Registry.XdsClients:input_type -> registry.v1.XdsClientsRequest
+	34, // 71: registry.v1.Registry.ConfirmProbe:input_type -> registry.v1.ConfirmProbeRequest
+	54, // 72: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
+	56, // 73: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
+	58, // 74: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
+	10, // 75: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	12, // 76: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	14, // 77: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	16, // 78: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	18, // 79: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	20, // 80: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	22, // 81: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	28, // 82: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	33, // 83: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	41, // 84: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
+	46, // 85: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
+	51, // 86: registry.v1.Registry.XdsClients:output_type -> registry.v1.XdsClientsResponse
+	35, // 87: registry.v1.Registry.ConfirmProbe:output_type -> registry.v1.ConfirmProbeResponse
+	55, // 88: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
+	57, // 89: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
+	59, // 90: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
+	75, // [75:91] is the sub-list for method output_type
+	59, // [59:75] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -4585,7 +4911,7 @@ func file_registry_v1_registry_proto_init() {
 		(*WatchResponse_Events)(nil),
 		(*WatchResponse_Progress)(nil),
 	}
-	file_registry_v1_registry_proto_msgTypes[27].OneofWrappers = []any{
+	file_registry_v1_registry_proto_msgTypes[30].OneofWrappers = []any{
 		(*SubscribeRequest_Add)(nil),
 		(*SubscribeRequest_Remove)(nil),
 		(*SubscribeRequest_Ack)(nil),
@@ -4596,7 +4922,7 @@ func file_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   53,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

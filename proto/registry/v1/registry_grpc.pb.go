@@ -22,18 +22,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Registry_Register_FullMethodName    = "/registry.v1.Registry/Register"
-	Registry_KeepAlive_FullMethodName   = "/registry.v1.Registry/KeepAlive"
-	Registry_Deregister_FullMethodName  = "/registry.v1.Registry/Deregister"
-	Registry_Drain_FullMethodName       = "/registry.v1.Registry/Drain"
-	Registry_Undrain_FullMethodName     = "/registry.v1.Registry/Undrain"
-	Registry_Get_FullMethodName         = "/registry.v1.Registry/Get"
-	Registry_List_FullMethodName        = "/registry.v1.Registry/List"
-	Registry_Watch_FullMethodName       = "/registry.v1.Registry/Watch"
-	Registry_Status_FullMethodName      = "/registry.v1.Registry/Status"
-	Registry_Subscribe_FullMethodName   = "/registry.v1.Registry/Subscribe"
-	Registry_WaitApplied_FullMethodName = "/registry.v1.Registry/WaitApplied"
-	Registry_XdsClients_FullMethodName  = "/registry.v1.Registry/XdsClients"
+	Registry_Register_FullMethodName     = "/registry.v1.Registry/Register"
+	Registry_KeepAlive_FullMethodName    = "/registry.v1.Registry/KeepAlive"
+	Registry_Deregister_FullMethodName   = "/registry.v1.Registry/Deregister"
+	Registry_Drain_FullMethodName        = "/registry.v1.Registry/Drain"
+	Registry_Undrain_FullMethodName      = "/registry.v1.Registry/Undrain"
+	Registry_Get_FullMethodName          = "/registry.v1.Registry/Get"
+	Registry_List_FullMethodName         = "/registry.v1.Registry/List"
+	Registry_Watch_FullMethodName        = "/registry.v1.Registry/Watch"
+	Registry_Status_FullMethodName       = "/registry.v1.Registry/Status"
+	Registry_Subscribe_FullMethodName    = "/registry.v1.Registry/Subscribe"
+	Registry_WaitApplied_FullMethodName  = "/registry.v1.Registry/WaitApplied"
+	Registry_XdsClients_FullMethodName   = "/registry.v1.Registry/XdsClients"
+	Registry_ConfirmProbe_FullMethodName = "/registry.v1.Registry/ConfirmProbe"
 )
 
 // RegistryClient is the client API for Registry service.
@@ -61,6 +62,9 @@ type RegistryClient interface {
 	// XdsClients lists the xDS streams a regnode serves (with all, every
 	// regnode's): who, what they follow and what they acknowledged.
 	XdsClients(ctx context.Context, in *XdsClientsRequest, opts ...grpc.CallOption) (*XdsClientsResponse, error)
+	// ConfirmProbe probes an instance at once from this regnode: another
+	// regnode asks before it evicts (health at scale).
+	ConfirmProbe(ctx context.Context, in *ConfirmProbeRequest, opts ...grpc.CallOption) (*ConfirmProbeResponse, error)
 }
 
 type registryClient struct {
@@ -206,6 +210,16 @@ func (c *registryClient) XdsClients(ctx context.Context, in *XdsClientsRequest, 
 	return out, nil
 }
 
+func (c *registryClient) ConfirmProbe(ctx context.Context, in *ConfirmProbeRequest, opts ...grpc.CallOption) (*ConfirmProbeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConfirmProbeResponse)
+	err := c.cc.Invoke(ctx, Registry_ConfirmProbe_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServer is the server API for Registry service.
 // All implementations must embed UnimplementedRegistryServer
 // for forward compatibility.
@@ -231,6 +245,9 @@ type RegistryServer interface {
 	// XdsClients lists the xDS streams a regnode serves (with all, every
 	// regnode's): who, what they follow and what they acknowledged.
 	XdsClients(context.Context, *XdsClientsRequest) (*XdsClientsResponse, error)
+	// ConfirmProbe probes an instance at once from this regnode: another
+	// regnode asks before it evicts (health at scale).
+	ConfirmProbe(context.Context, *ConfirmProbeRequest) (*ConfirmProbeResponse, error)
 	mustEmbedUnimplementedRegistryServer()
 }
 
@@ -276,6 +293,9 @@ func (UnimplementedRegistryServer) WaitApplied(context.Context, *WaitAppliedRequ
 }
 func (UnimplementedRegistryServer) XdsClients(context.Context, *XdsClientsRequest) (*XdsClientsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method XdsClients not implemented")
+}
+func (UnimplementedRegistryServer) ConfirmProbe(context.Context, *ConfirmProbeRequest) (*ConfirmProbeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ConfirmProbe not implemented")
 }
 func (UnimplementedRegistryServer) mustEmbedUnimplementedRegistryServer() {}
 func (UnimplementedRegistryServer) testEmbeddedByValue()                  {}
@@ -485,6 +505,24 @@ func _Registry_XdsClients_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Registry_ConfirmProbe_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConfirmProbeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServer).ConfirmProbe(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registry_ConfirmProbe_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServer).ConfirmProbe(ctx, req.(*ConfirmProbeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Registry_ServiceDesc is the grpc.ServiceDesc for Registry service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -527,6 +565,10 @@ var Registry_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "XdsClients",
 			Handler:    _Registry_XdsClients_Handler,
+		},
+		{
+			MethodName: "ConfirmProbe",
+			Handler:    _Registry_ConfirmProbe_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
