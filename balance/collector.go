@@ -35,13 +35,18 @@ var (
 		"Age of the last-known-good view each service is served from now (absent once live).", []string{"service"}, nil)
 	descCoalesced = prometheus.NewDesc("registry_client_callbacks_coalesced_total",
 		"Times a subscription's callbacks fell too far behind and the changes waiting for them were replaced by one snapshot.", []string{"service"}, nil)
+	descLastResorts = prometheus.NewDesc("registry_client_last_resort_started_total",
+		"Times most of a service's routable instances vanished by lease expiry at once and were kept as a last resort.", nil, nil)
+	descLastResortHeld = prometheus.NewDesc("registry_client_last_resort_instances",
+		"Vanished instances each service holds as a last resort now, called only while nothing else is routable (absent when none).", []string{"service"}, nil)
 )
 
 // Describe implements prometheus.Collector: register a Metrics with the
 // application's registry to export it.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPicks, descWeight, descEjections, descReturns, descCapped, descProbes,
-		descPanicEnters, descPanicking, descRetries, descExhausted, descNoInstance, descDiskLoads, descDiskAge, descCoalesced} {
+		descPanicEnters, descPanicking, descRetries, descExhausted, descNoInstance, descDiskLoads, descDiskAge, descCoalesced,
+		descLastResorts, descLastResortHeld} {
 		ch <- d
 	}
 }
@@ -61,6 +66,10 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(descExhausted, c.BudgetExhausted)
 	counter(descNoInstance, c.NoInstance)
 	counter(descDiskLoads, c.DiskLoads)
+	counter(descLastResorts, c.LastResorts)
+	for svc, n := range c.LastResortHeld {
+		ch <- prometheus.MustNewConstMetric(descLastResortHeld, prometheus.GaugeValue, float64(n), svc)
+	}
 	for svc, saved := range c.DiskSavedAt {
 		ch <- prometheus.MustNewConstMetric(descDiskAge, prometheus.GaugeValue, time.Since(saved).Seconds(), svc)
 	}

@@ -21,10 +21,12 @@ type Metrics struct {
 	panicking        atomic.Int64 // channels in panic mode now
 	noInstanceErrors atomic.Int64
 	diskLoads        atomic.Int64
+	lastResorts      atomic.Int64
 
 	mu      sync.Mutex
 	disk    map[string]time.Time     // by service: the saved time of the disk view served now
 	merged  map[string]*atomic.Int64 // by service: subscription callbacks coalesced
+	held    map[string]int64         // by service: instances held as a last resort now
 	picks   map[string]*atomic.Int64 // by service/id
 	weights map[string]*atomic.Int64 // by service/id: the weight the picker uses now
 }
@@ -32,7 +34,7 @@ type Metrics struct {
 // NewMetrics returns zeroed counts.
 func NewMetrics() *Metrics {
 	return &Metrics{picks: map[string]*atomic.Int64{}, weights: map[string]*atomic.Int64{}, disk: map[string]time.Time{},
-		merged: map[string]*atomic.Int64{}}
+		merged: map[string]*atomic.Int64{}, held: map[string]int64{}}
 }
 
 // Counts is a copy of the counts at one moment.
@@ -67,6 +69,33 @@ type Counts struct {
 	// callbacks fell too far behind and the changes waiting for them were
 	// replaced by one snapshot (package client, SubscribeOptions.OnChange).
 	CallbacksCoalesced map[string]int64
+	// LastResorts counts the last resorts started: a service whose
+	// routable instances mostly vanished by lease expiry kept as a last
+	// resort (package client, Config.LastResort).
+	LastResorts int64
+	// LastResortHeld, by service, is how many vanished instances are held
+	// as a last resort now (called only while nothing else is routable);
+	// a service leaves it when its last resort ends.
+	LastResortHeld map[string]int64
+}
+
+// LastResortStarted records that service's last resort started with n
+// instances held (package client calls it).
+func (m *Metrics) LastResortStarted(service string, n int) {
+	m.lastResorts.Add(1)
+	m.LastResortHolds(service, n)
+}
+
+// LastResortHolds records that service holds n instances as a last
+// resort now; 0 when it ended.
+func (m *Metrics) LastResortHolds(service string, n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n == 0 {
+		delete(m.held, service)
+		return
+	}
+	m.held[service] = int64(n)
 }
 
 // DiskCacheLoaded records that service is served from a disk view saved
@@ -107,10 +136,14 @@ func (m *Metrics) Counts() Counts {
 		Panicking: m.panicking.Load(), Retries: m.retries.Load(), BudgetExhausted: m.budgetExhausted.Load(),
 		NoInstance: m.noInstanceErrors.Load(), Picks: map[string]int64{}, Weights: map[string]int64{},
 		DiskLoads: m.diskLoads.Load(), DiskSavedAt: map[string]time.Time{}, CallbacksCoalesced: map[string]int64{},
+		LastResorts: m.lastResorts.Load(), LastResortHeld: map[string]int64{},
 	}
 	m.mu.Lock()
 	for k, v := range m.disk {
 		c.DiskSavedAt[k] = v
+	}
+	for k, v := range m.held {
+		c.LastResortHeld[k] = v
 	}
 	for k, v := range m.merged {
 		c.CallbacksCoalesced[k] = v.Load()

@@ -28,6 +28,7 @@ import (
 
 	"github.com/regcluster/registry/balance"
 	"github.com/regcluster/registry/internal/chunk"
+	"github.com/regcluster/registry/lastresort"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 	"github.com/regcluster/registry/record"
 )
@@ -99,6 +100,15 @@ type Config struct {
 	// waiting. A view once known keeps serving whatever happens after.
 	ConnectTimeout time.Duration
 
+	// LastResort says when and for how long a registry:/// channel keeps
+	// calling the instances of its service that vanished by lease expiry
+	// (an etcd stall, restore or partition, not a deregistration or a
+	// drain): see package lastresort and docs/sdk.md. A zero field takes
+	// lastresort.DefaultConfig's value. Its OnStart and OnEnd are not
+	// called: the Client logs, counts (Metrics) and shows (Freshness) the
+	// last resort itself.
+	LastResort lastresort.Config
+
 	// CloseTimeout bounds how long Close gives the open Registrations to
 	// drain and deregister (0: DefaultCloseTimeout; negative is refused);
 	// a drain grace longer than it is cut short.
@@ -139,6 +149,8 @@ type Client struct {
 
 	cacheDir    string // Config.CacheDir
 	cacheMaxAge time.Duration
+
+	lastResort lastresort.Config // Config.LastResort, hooks cleared
 
 	connectTimeout time.Duration // Config.ConnectTimeout
 
@@ -206,7 +218,7 @@ func New(cfg Config) (*Client, error) {
 		addrs = append(addrs, a)
 	}
 	c := &Client{log: cfg.Logger, policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
-		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: cfg.CacheMaxAge, closeTimeout: cfg.CloseTimeout,
+		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: cfg.CacheMaxAge, lastResort: cfg.LastResort, closeTimeout: cfg.CloseTimeout,
 		connectTimeout: cfg.ConnectTimeout,
 		subscriber:     cfg.Subscriber}
 	c.own.init()

@@ -56,7 +56,7 @@ func (c Config) withDefaults() Config {
 
 // Validate reports the first field that cannot work, with its defaults
 // filled, as an error wrapping ErrInvalidConfig: an endpoint that is not
-// host:port, a policy balance refuses, a negative CacheMaxAge,
+// host:port, a policy balance refuses, a LastResort lastresort refuses, a negative CacheMaxAge,
 // ConnectTimeout or CloseTimeout, a malformed Token or one that would cross the network in
 // plaintext (ErrInsecureToken). It does no I/O (New creates CacheDir).
 func (c Config) Validate() error {
@@ -91,6 +91,9 @@ func (c Config) Validate() error {
 		return bad("ConnectTimeout", c.ConnectTimeout)
 	case c.CloseTimeout < 0:
 		return bad("CloseTimeout", c.CloseTimeout)
+	}
+	if err := c.LastResort.Validate(); err != nil {
+		return because("LastResort", nil, err)
 	}
 	if _, err := tokenOption(c, c.Endpoints); err != nil {
 		return because("Token", nil, err) // never the token itself

@@ -157,6 +157,7 @@ type view struct {
 	known bool
 	epoch int
 	rev   int64
+	lr    uint64 // the last resort's change count: at one revision, the later offer is newer
 	stage int
 	state resolver.State
 }
@@ -171,6 +172,8 @@ func (v *view) newerThan(o *view) bool {
 		return v.epoch > o.epoch
 	case v.rev != o.rev:
 		return v.rev > o.rev
+	case v.lr != o.lr:
+		return v.lr > o.lr
 	}
 	return v.stage > o.stage
 }
@@ -184,9 +187,10 @@ func (r *regResolver) view(epoch int, snap *cache.Snapshot, w waitState) view {
 	if snap != nil {
 		insts, rev = snap.Instances(r.service), snap.Revision()
 	}
-	st := resolverState(r.sub.c, r.service, insts, snap != nil, w, r.cc)
+	lastResort, lr := r.sub.lastResortOffer()
+	st := resolverState(r.sub.c, r.service, insts, lastResort, snap != nil, w, r.cc)
 	st.Attributes = st.Attributes.WithValue(AttrRevision, rev)
-	return view{known: snap != nil, epoch: epoch, rev: rev, state: st}
+	return view{known: snap != nil, epoch: epoch, rev: rev, lr: lr, state: st}
 }
 
 // offer keeps v for the pusher unless a newer view is already waiting.

@@ -22,7 +22,7 @@ import (
 //
 // DRAINING instances are in no list: they never get a new call, and a
 // balancer that is not ours cannot send them one either.
-func resolverState(c *Client, service string, insts []*registryv1.Instance, known bool, w waitState, cc resolver.ClientConn) resolver.State {
+func resolverState(c *Client, service string, insts, lastResort []*registryv1.Instance, known bool, w waitState, cc resolver.ClientConn) resolver.State {
 	svc := &balance.Service{Name: service, Known: known, Metrics: c.metrics, Logger: c.log, LocalZone: c.zone}
 	if !known {
 		svc.Unreached, svc.Refused = w.unreached, w.refused
@@ -59,6 +59,20 @@ func resolverState(c *Client, service string, insts []*registryv1.Instance, know
 			WithValue(AttrID, in.Id)
 		st.Addresses = append(st.Addresses, resolver.Address{Addr: in.Address, BalancerAttributes: attrs})
 	}
+	if len(st.Endpoints) == 0 {
+		// Nothing routable: the instances that vanished by accident, as
+		// they were, at their full weight (Subscription's last resort).
+		for _, in := range lastResort {
+			bi := balance.Instance{ID: in.Id, Zone: in.Zone, Weight: record.EffectiveWeight(asRoutable(in)),
+				Health: registryv1.HealthState_HEALTH_STATE_HEALTHY, Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING, Routable: true}
+			st.Endpoints = append(st.Endpoints, balance.WithInstance(resolver.Endpoint{Addresses: []resolver.Address{{Addr: in.Address}}}, bi))
+			attrs := attributes.New(AttrWeight, bi.Weight).
+				WithValue(AttrZone, in.Zone).
+				WithValue(AttrHealth, bi.Health).
+				WithValue(AttrID, in.Id)
+			st.Addresses = append(st.Addresses, resolver.Address{Addr: in.Address, BalancerAttributes: attrs})
+		}
+	}
 	st = balance.WithService(st, svc)
 	if sc, err := balance.ServiceConfig(c.policyFor(service)); err == nil {
 		if pr := cc.ParseServiceConfig(sc); pr != nil && pr.Err == nil {
@@ -68,4 +82,12 @@ func resolverState(c *Client, service string, insts []*registryv1.Instance, know
 		}
 	}
 	return st
+}
+
+// asRoutable is in as a routable record would be: SERVING and HEALTHY, its
+// weight kept (a last resort is called at its normal weight, not a
+// DEGRADED one's).
+func asRoutable(in *registryv1.Instance) *registryv1.Instance {
+	return &registryv1.Instance{Weight: in.GetWeight(), Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING,
+		Health: &registryv1.Health{State: registryv1.HealthState_HEALTH_STATE_HEALTHY}}
 }

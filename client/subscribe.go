@@ -115,6 +115,17 @@ type Freshness struct {
 	// OnConnection runs behind the stream, which may have moved on by
 	// then: Err, not a call to LastError, tells why this change happened.
 	Err error
+	// LastResort is how many instances the service's registry:///
+	// channels call as a last resort now: instances that vanished by
+	// lease expiry, most of the service at once (an etcd stall, restore
+	// or partition; never a deregistration or a drain), offered because
+	// nothing else is routable (Config.LastResort). They are not in the
+	// view (Instances). 0 for a subscription of every service.
+	LastResort int
+	// LastResortUntil is when that last resort ends at the latest (its
+	// grace); zero while LastResort is 0. A re-registration of the
+	// vanished instances ends it at once.
+	LastResortUntil time.Time
 }
 
 // Subscription follows the instances of one service (or all) through any
@@ -145,6 +156,7 @@ type Subscription struct {
 	// (deliver.go).
 	applyMu sync.Mutex
 	disk    *diskCache     // nil without Config.CacheDir or for all services
+	lr      *lastResort    // nil for all services (lastresort.go)
 	aux     sync.WaitGroup // the disk loader and writer, waited for by run
 
 	mu struct {
@@ -216,6 +228,7 @@ func (c *Client) Subscribe(ctx context.Context, service string, opts SubscribeOp
 	s := &Subscription{c: c, service: service, started: time.Now(), opts: opts, cache: cache.New(), ready: make(chan struct{}),
 		halted: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	s.mu.listeners = map[int]func(Change){}
+	s.lr = newLastResort(c, service)
 	s.unfinished.Store(1)
 	if s.deliver = newDelivery(s); s.deliver != nil {
 		s.unfinished.Add(1)
@@ -384,6 +397,7 @@ func (s *Subscription) stopped() {
 	if s.deliver != nil {
 		s.deliver.stop()
 	}
+	s.stopLastResort()
 	if s.disk != nil {
 		close(s.disk.stop) // nothing is applied any more: the writer's last write
 		s.aux.Wait()
@@ -547,7 +561,11 @@ func (s *Subscription) apply(b cache.Batch, disk *diskView, st *cache.Step) erro
 	var (
 		diff cache.Diff
 		err  error
+		prev []*registryv1.Instance
 	)
+	if s.lr != nil {
+		prev = s.cache.Instances(s.service) // immutable: the cache copies on write
+	}
 	if st != nil && s.cache.Replay(*st) {
 		diff = st.Diff
 	} else {
@@ -579,14 +597,11 @@ func (s *Subscription) apply(b cache.Batch, disk *diskView, st *cache.Step) erro
 			s.mu.resets++
 		}
 	}
-	listeners := make([]func(Change), 0, len(s.mu.listeners))
-	for _, f := range s.mu.listeners {
-		listeners = append(listeners, f)
-	}
 	s.mu.Unlock()
 	if replaced {
 		s.c.metrics.DiskCacheReplaced(s.service)
 	}
+	lrChanged := s.lr != nil && s.observeLastResort(b, prev, diff, disk != nil || replaced, now)
 	if b.Snapshot {
 		select {
 		case <-s.ready:
@@ -599,14 +614,30 @@ func (s *Subscription) apply(b cache.Batch, disk *diskView, st *cache.Step) erro
 	if b.Snapshot {
 		ch.Instances = s.snapshotInstances()
 	}
-	for _, f := range listeners {
-		f(ch)
+	tell := ch
+	if lrChanged {
+		tell.Progress = false // the resolvers' offer changed: a new view
 	}
+	s.tellListeners(tell)
 	if s.deliver != nil {
 		s.deliver.change(ch)
 	}
 	s.offer(ch)
 	return nil
+}
+
+// tellListeners calls the listeners (listen) with ch. The caller holds
+// applyMu.
+func (s *Subscription) tellListeners(ch Change) {
+	s.mu.Lock()
+	listeners := make([]func(Change), 0, len(s.mu.listeners))
+	for _, f := range s.mu.listeners {
+		listeners = append(listeners, f)
+	}
+	s.mu.Unlock()
+	for _, f := range listeners {
+		f(ch)
+	}
 }
 
 func (s *Subscription) snapshotInstances() []*registryv1.Instance {

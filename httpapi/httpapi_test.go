@@ -417,6 +417,12 @@ func TestWatchSSE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A deregistration leaves its mark first (the record DRAINING), so
+	// a subscriber tells it from a lease expiry, then deletes.
+	mark := s.nextChange()
+	if mark.line.Type != render.WatchPut || mark.line.Instance.ID != "o-1" || mark.line.Instance.Lifecycle != "DRAINING" || mark.line.Revision >= dr.Revision {
+		t.Fatalf("after a deregistration: %+v, want the DRAINING mark before the delete at %d", mark, dr.Revision)
+	}
 	del := s.nextChange()
 	if del.line.Type != render.WatchDelete || del.line.ID != "o-1" || del.line.Service != "orders" || del.line.Revision != dr.Revision {
 		t.Fatalf("after a deregistration: %+v", del)
@@ -433,6 +439,9 @@ func TestWatchSSE(t *testing.T) {
 	defer resp2.Body.Close()
 	if ev := s2.nextChange(); ev.line.Type != render.WatchPut || ev.line.Instance.ID != "o-2" {
 		t.Fatalf("resumed from %s: %+v, want the put of o-2", first.id, ev)
+	}
+	if ev := s2.nextChange(); ev.line.Type != render.WatchPut || ev.line.Instance.ID != "o-1" || ev.line.Instance.Lifecycle != "DRAINING" {
+		t.Fatalf("resumed from %s: %+v, want the DRAINING mark of o-1", first.id, ev)
 	}
 	if ev := s2.nextChange(); ev.line.Type != render.WatchDelete || ev.line.ID != "o-1" {
 		t.Fatalf("resumed from %s: %+v, want the delete of o-1", first.id, ev)

@@ -269,6 +269,11 @@ func TestWatchJSON(t *testing.T) {
 	}
 
 	x2 := deregister(t, api, "orders", "o-2")
+	// The deregistration's DRAINING mark comes first (it tells it from
+	// a lease expiry), then the delete.
+	if l = w.nextJSON(t); l.Type != render.WatchPut || l.Instance.ID != "o-2" || l.Instance.Lifecycle != "DRAINING" || l.Revision >= x2.Revision {
+		t.Fatalf("got %+v, want the DRAINING mark of orders/o-2 before revision %d", l, x2.Revision)
+	}
 	l = w.nextJSON(t)
 	if l.Type != render.WatchDelete || l.Service != "orders" || l.ID != "o-2" || l.Revision != x2.Revision {
 		t.Fatalf("got %+v, want a delete of orders/o-2 at revision %d", l, x2.Revision)
@@ -297,7 +302,7 @@ func TestWatchJSON(t *testing.T) {
 			t.Errorf("watch orders showed %s/%s", l.Instance.Service, l.Instance.ID)
 		}
 	}
-	if want := []string{"snapshot", "put", "put", "put", "delete"}; !slices.Equal(types, want) {
+	if want := []string{"snapshot", "put", "put", "put", "put", "delete"}; !slices.Equal(types, want) {
 		t.Errorf("line types %q, want %q", types, want)
 	}
 	if s := w.stderr.String(); s != "" {
