@@ -287,6 +287,7 @@ func (b *lb) buildLocked(now time.Time) (*picker, connectivity.State, time.Time,
 		}
 		if ep.picks == nil || ep.inst.ID != in.ID {
 			ep.picks = b.metrics.pickCounter(b.target, in.ID)
+			ep.calls.Store(b.metrics.callCounter(b.target, in.ID))
 		}
 		ep.inst = in
 		if in.Routable && !ep.ejected {

@@ -29,12 +29,20 @@ type Metrics struct {
 	held    map[string]int64         // by service: instances held as a last resort now
 	picks   map[string]*atomic.Int64 // by service/id
 	weights map[string]*atomic.Int64 // by service/id: the weight the picker uses now
+	calls   map[[2]string]*callCounts
+}
+
+// callCounts are one instance's classified call ends since the last
+// TakeCalls.
+type callCounts struct {
+	ok, fail atomic.Int64
+	ejected  atomic.Bool
 }
 
 // NewMetrics returns zeroed counts.
 func NewMetrics() *Metrics {
 	return &Metrics{picks: map[string]*atomic.Int64{}, weights: map[string]*atomic.Int64{}, disk: map[string]time.Time{},
-		merged: map[string]*atomic.Int64{}, held: map[string]int64{}}
+		merged: map[string]*atomic.Int64{}, held: map[string]int64{}, calls: map[[2]string]*callCounts{}}
 }
 
 // Counts is a copy of the counts at one moment.
@@ -194,4 +202,48 @@ func (m *Metrics) setWeights(service string, w map[string]uint64) {
 		}
 		v.Store(int64(x))
 	}
+}
+
+// callCounter returns the call counts of one instance, made once so the
+// call path only does an atomic add.
+func (m *Metrics) callCounter(service, id string) *callCounts {
+	k := [2]string{service, id}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.calls[k]
+	if c == nil {
+		c = new(callCounts)
+		m.calls[k] = c
+	}
+	return c
+}
+
+// InstanceCalls is what calls to one instance saw: instance-level
+// failures (Unavailable, DeadlineExceeded, ResourceExhausted, connection
+// errors: what ejects it) and successes (any answer, whatever the
+// application said). Cancelled calls count as neither.
+type InstanceCalls struct {
+	ID                  string
+	Failures, Successes uint32
+	// Ejected: outlier detection holds the instance out now (its calls
+	// failed; few or none go to it while it is out).
+	Ejected bool
+}
+
+// TakeCalls returns, by service, the calls to each instance since the
+// last TakeCalls (only instances called since, or ejected now), and
+// starts counting afresh: what a Client reports to the registry (callers' reports).
+func (m *Metrics) TakeCalls() map[string][]InstanceCalls {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string][]InstanceCalls{}
+	for k, c := range m.calls {
+		ok, fail, ejected := c.ok.Swap(0), c.fail.Swap(0), c.ejected.Load()
+		if ok == 0 && fail == 0 && !ejected {
+			continue
+		}
+		clamp := func(n int64) uint32 { return uint32(min(n, int64(^uint32(0)))) }
+		out[k[0]] = append(out[k[0]], InstanceCalls{ID: k[1], Failures: clamp(fail), Successes: clamp(ok), Ejected: ejected})
+	}
+	return out
 }

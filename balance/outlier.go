@@ -16,7 +16,8 @@ type endpoint struct {
 	owner    *lb
 	inflight atomic.Int64
 	picks    *atomic.Int64
-	probing  atomic.Bool // a half-open call is in flight
+	calls    atomic.Pointer[callCounts] // classified call ends, for callers' reports
+	probing  atomic.Bool                // a half-open call is in flight
 
 	// fails is the count of consecutive instance-level failures. It is
 	// written only under owner.ejectMu but read without it: a success on
@@ -69,6 +70,13 @@ func classify(err error) outcome {
 // local slow start; a failure ejects it again, for longer.
 func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 	o := classify(di.Err)
+	if c := ep.calls.Load(); c != nil && o != neutral {
+		if o == success {
+			c.ok.Add(1)
+		} else {
+			c.fail.Add(1)
+		}
+	}
 	if o == neutral {
 		if probe {
 			ep.probing.Store(false)
@@ -91,6 +99,9 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 		if ep.okInRow >= p.HalfOpenSuccesses {
 			now := time.Now()
 			ep.ejected, ep.okInRow = false, 0
+			if c := ep.calls.Load(); c != nil {
+				c.ejected.Store(false)
+			}
 			ep.fails.Store(0)
 			ep.returned, ep.recoveredAt = now, now
 			event = func() {
@@ -145,6 +156,9 @@ func (b *lb) done(ep *endpoint, sh *shared, di balancer.DoneInfo, probe bool) {
 		ep.ejections++
 		d := ejectionTime(p, ep.ejections)
 		ep.ejected, ep.until, ep.okInRow = true, now.Add(d), 0
+		if c := ep.calls.Load(); c != nil {
+			c.ejected.Store(true)
+		}
 		event = func() {
 			sh.metrics.ejections.Add(1)
 			sh.log.Warn("instance ejected", "service", sh.service, "id", id, "address", ep.key, "for", d,

@@ -109,6 +109,14 @@ type Config struct {
 	// last resort itself.
 	LastResort lastresort.Config
 
+	// ReportInterval is how often the Client reports, on its Subscribe
+	// stream, what its registry:/// channels' calls saw of each instance
+	// (instance-level failures and successes, as ejection classifies
+	// them; never application codes), so that the registry can tell an
+	// instance that fails its callers while passing its probes (0:
+	// DefaultReportInterval; negative: never report).
+	ReportInterval time.Duration
+
 	// CloseTimeout bounds how long Close gives the open Registrations to
 	// drain and deregister (0: DefaultCloseTimeout; negative is refused);
 	// a drain grace longer than it is cut short.
@@ -153,6 +161,7 @@ type Client struct {
 	lastResort lastresort.Config // Config.LastResort, hooks cleared
 
 	connectTimeout time.Duration // Config.ConnectTimeout
+	reportInterval time.Duration // Config.ReportInterval
 
 	mux        *mux   // the Subscribe stream (mux.go), nil with WatchPerSubscription
 	subscriber string // Config.Subscriber
@@ -219,8 +228,8 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{log: cfg.Logger, policy: policy, policies: policies, metrics: balance.NewMetrics(), zone: cfg.Zone,
 		endpoints: len(eps), shared: map[string]*shared{}, cacheDir: cfg.CacheDir, cacheMaxAge: cfg.CacheMaxAge, lastResort: cfg.LastResort, closeTimeout: cfg.CloseTimeout,
-		connectTimeout: cfg.ConnectTimeout,
-		subscriber:     cfg.Subscriber}
+		connectTimeout: cfg.ConnectTimeout, reportInterval: cfg.ReportInterval,
+		subscriber: cfg.Subscriber}
 	c.own.init()
 	creds := insecure.NewCredentials()
 	if cfg.TLS != nil {

@@ -16,7 +16,8 @@ import (
 func DefaultConfig() Config {
 	p := DefaultPolicy()
 	return Config{Endpoints: []string{DefaultEndpoint}, Policy: &p, CacheMaxAge: DefaultCacheMaxAge,
-		ConnectTimeout: DefaultConnectTimeout, CloseTimeout: DefaultCloseTimeout, Subscriber: subscriberName("")}
+		ConnectTimeout: DefaultConnectTimeout, CloseTimeout: DefaultCloseTimeout, Subscriber: subscriberName(""),
+		ReportInterval: DefaultReportInterval}
 }
 
 // withDefaults is c with its zero fields set to DefaultConfig's and its
@@ -44,6 +45,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = d.ConnectTimeout
+	}
+	if c.ReportInterval == 0 {
+		c.ReportInterval = d.ReportInterval
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = d.CloseTimeout

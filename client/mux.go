@@ -482,6 +482,12 @@ func (m *mux) stream(ctx context.Context) (progressed bool, err error) {
 		mc.sendLoop(sctx, func(f *feed) bool { return m.feedOf(f.service) == f })
 	}()
 	defer func() { cancel(); <-sent }()
+	reported := make(chan struct{})
+	go func() {
+		defer close(reported)
+		m.reportLoop(sctx, mc)
+	}()
+	defer func() { cancel(); <-reported }()
 	defer func() {
 		m.mu.Lock()
 		if m.mu.cur == mc {

@@ -3,6 +3,7 @@ package prober
 import (
 	"container/heap"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -26,6 +27,11 @@ type tracked struct {
 	// regnode's confirmation (nil: none); confirming, that one was asked.
 	held       *health.Result
 	confirming bool
+	// idx is its place in the due queue (-1: not queued: in flight).
+	idx int
+	// byReports: its record says DEGRADED because of callers' reports
+	// while its probes pass (its machine is HEALTHY).
+	byReports bool
 }
 
 type result struct {
@@ -39,11 +45,19 @@ type queue []*tracked
 
 func (q queue) Len() int           { return len(q) }
 func (q queue) Less(i, j int) bool { return q[i].nextAt.Before(q[j].nextAt) }
-func (q queue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
-func (q *queue) Push(x any)        { *q = append(*q, x.(*tracked)) }
+func (q queue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].idx, q[j].idx = i, j
+}
+func (q *queue) Push(x any) {
+	t := x.(*tracked)
+	t.idx = len(*q)
+	*q = append(*q, t)
+}
 func (q *queue) Pop() any {
 	old := *q
 	t := old[len(old)-1]
+	t.idx = -1
 	old[len(old)-1] = nil
 	*q = old[:len(old)-1]
 	return t
@@ -101,9 +115,14 @@ func (f *follower) track(in *registryv1.Instance, now time.Time, immediate bool)
 	if in.GetHealth() == nil {
 		since = now
 	}
+	// DEGRADED by callers' reports is HEALTHY to the probes.
+	byReports := state == registryv1.HealthState_HEALTH_STATE_DEGRADED && strings.HasPrefix(in.GetHealth().GetReason(), reportsReason)
+	if byReports {
+		state = registryv1.HealthState_HEALTH_STATE_HEALTHY
+	}
 	t := &tracked{
 		inst: in, machine: health.NewMachine(th, state, since), slow: th.Slow, interval: interval,
-		nextAt: now,
+		nextAt: now, byReports: byReports,
 	}
 	if !immediate {
 		t.nextAt = now.Add(rand.N(interval))

@@ -108,6 +108,12 @@ type Config struct {
 	MassMin     int
 	MassWindow  time.Duration // 0: 1m
 	MassTrickle time.Duration // 0: 10s
+	// Reported says how many distinct callers report service/id failing
+	// while their calls to its peers succeed (nil: reports are not
+	// followed); at ReportQuorum (0: 3) an instance whose probes pass is
+	// DEGRADED with that reason. Nudge probes one at once.
+	Reported     func(service, id string) int
+	ReportQuorum int
 	// Hooks for metrics; any may be nil.
 	OnProbe        func(outcome health.Outcome, latency time.Duration)
 	OnTransition   func(tr health.Transition)
@@ -121,7 +127,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{Thresholds: health.DefaultThresholds(), Interval: time.Second, Floor: 100 * time.Millisecond,
 		Concurrency: 64, Writers: 8, WriteTimeout: 5 * time.Second, OrphanRetention: time.Hour,
-		ConfirmTimeout: 5 * time.Second, MassShare: 0.5, MassMin: 2, MassWindow: time.Minute, MassTrickle: 10 * time.Second}
+		ConfirmTimeout: 5 * time.Second, ReportQuorum: 3, MassShare: 0.5, MassMin: 2, MassWindow: time.Minute, MassTrickle: 10 * time.Second}
 }
 
 // withDefaults is c with its zero fields set to DefaultConfig's: the one
@@ -151,6 +157,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConfirmTimeout == 0 {
 		c.ConfirmTimeout = d.ConfirmTimeout
+	}
+	if c.ReportQuorum == 0 {
+		c.ReportQuorum = d.ReportQuorum
 	}
 	if c.MassShare == 0 {
 		c.MassShare = d.MassShare
@@ -198,6 +207,8 @@ func (c Config) Validate() error {
 		return bad("WriteTimeout", c.WriteTimeout)
 	case c.ConfirmTimeout < 0:
 		return bad("ConfirmTimeout", c.ConfirmTimeout)
+	case c.ReportQuorum < 0:
+		return bad("ReportQuorum", c.ReportQuorum)
 	case c.MassShare > 1:
 		return configerr.New(ErrInvalidConfig, "prober", "MassShare", c.MassShare, "must be at most 1 (0: the default; negative: no limit)")
 	case c.MassMin < 0:
@@ -216,9 +227,10 @@ func (c Config) Validate() error {
 // Prober is the health checker. Lead may run many times, never twice at
 // once.
 type Prober struct {
-	cfg  Config
-	log  *slog.Logger
-	mass *massState
+	cfg    Config
+	log    *slog.Logger
+	mass   *massState
+	nudges chan cache.Key
 
 	owned                       atomic.Int64
 	probes, disagreements, held atomic.Uint64
@@ -230,7 +242,7 @@ func New(cfg Config) (*Prober, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Prober{cfg: cfg, log: cfg.Logger.With("component", "prober"), mass: newMassState()}, nil
+	return &Prober{cfg: cfg, log: cfg.Logger.With("component", "prober"), mass: newMassState(), nudges: make(chan cache.Key, 1024)}, nil
 }
 
 // Lead probes every instance with a check until ctx ends or a fenced
@@ -387,6 +399,10 @@ func (p *Prober) run(ctx context.Context, shares Shares, initial []*registryv1.I
 			return fmt.Errorf("health write: %w", election.ErrFenced)
 		case now := <-timer.C:
 			launch(now)
+		case k := <-p.nudges:
+			if f.nudge(k, time.Now()) {
+				launch(time.Now())
+			}
 		case now := <-views.C:
 			step(now)
 		case c := <-confirmed:
@@ -417,8 +433,10 @@ func (p *Prober) run(ctx context.Context, shares Shares, initial []*registryv1.I
 				if !r.res.Outcome.Failure() {
 					t.held = nil // a verdict waiting for its confirmation no longer stands
 				}
+				p.byReports(w, t, r.res, applied)
 				continue
 			}
+			t.byReports = false // the probes speak
 			if !p.allowed(ctx, &wg, t, before, tr, r, applied, confirmed) {
 				continue
 			}

@@ -50,6 +50,7 @@ var flagOf = map[string]string{
 	"SessionTTL": "--session-ttl", "Prefix": "--prefix", "ProbeInterval": "--probe-interval",
 	"ProbeTimeout": "--probe-timeout", "ProbeConcurrency": "--probe-concurrency",
 	"Zone": "--zone", "MassDemotionShare": "--mass-demotion-share", "MassDemotionWindow": "--mass-demotion-window",
+	"ReportQuorum": "--report-quorum", "ReportWindow": "--report-window",
 	"RingSize": "--watch-ring-size", "QueueSize": "--watch-queue-size", "ShutdownGrace": "--shutdown-grace",
 	"Thresholds.FailuresToDegraded": "--degrade-after", "Thresholds.FailuresToUnavailable": "--unavailable-after",
 	"Thresholds.SuccessesToHealthy": "--recover-after", "Thresholds.SuccessesToDegraded": "--revive-after",
@@ -171,6 +172,8 @@ Every flag is also read from REGNODE_<FLAG>, e.g. REGNODE_LISTEN.`,
 	f.StringVar(&cfg.Zone, "zone", "", "this regnode's zone: evictions are confirmed by a regnode of another zone where there is one")
 	f.Float64Var(&cfg.MassDemotionShare, "mass-demotion-share", 0.5, "share of one service's or zone's checked instances that may be evicted within --mass-demotion-window, past which one more per sixth of it (negative: no limit)")
 	f.DurationVar(&cfg.MassDemotionWindow, "mass-demotion-window", time.Minute, "the window of --mass-demotion-share")
+	f.IntVar(&cfg.ReportQuorum, "report-quorum", cfg.ReportQuorum, "distinct callers reporting an instance's calls failing (while their calls to its peers succeed) that make its owner probe it at once, and DEGRADED if its probes pass")
+	f.DurationVar(&cfg.ReportWindow, "report-window", cfg.ReportWindow, "how long a caller's report counts")
 	f.IntVar(&cfg.Thresholds.FailuresToDegraded, "degrade-after", cfg.Thresholds.FailuresToDegraded, "HEALTHY -> DEGRADED after this many consecutive failed or slow probes")
 	f.IntVar(&cfg.Thresholds.FailuresToUnavailable, "unavailable-after", cfg.Thresholds.FailuresToUnavailable, "DEGRADED -> UNAVAILABLE after this many consecutive failures")
 	f.IntVar(&cfg.Thresholds.SuccessesToHealthy, "recover-after", cfg.Thresholds.SuccessesToHealthy, "DEGRADED -> HEALTHY after this many consecutive successes")

@@ -51,6 +51,7 @@ type Metrics struct {
 	Disagreements      prometheus.Counter       // evictions another regnode's probe did not confirm
 	DemotionsHeld      *prometheus.CounterVec   // by reason: canary, mass
 	Confirmations      *prometheus.CounterVec   // ConfirmProbe asked of other regnodes, by result
+	Reports            *prometheus.CounterVec   // callers' reports taken on Subscribe streams, by result
 }
 
 // New creates the metrics on a fresh registry that also carries the Go
@@ -91,8 +92,9 @@ func New() *Metrics {
 		Disagreements:      prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_probe_disagreements_total", Help: "Evictions this regnode's probes called for that another regnode's probe did not confirm (the instance stayed)."}),
 		DemotionsHeld:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_demotions_held_total", Help: "Demotions held back, by reason: canary (this regnode's own canaries failed), mass (the mass-demotion limit)."}, []string{"reason"}),
 		Confirmations:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_probe_confirmations_total", Help: "Evictions this regnode asked another regnode to confirm, by result: confirmed, disagreed, error."}, []string{"result"}),
+		Reports:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "registry_reports_total", Help: "Callers' reports of their calls to instances, by result: accepted, limited (more than one per service per second from a stream), invalid, unused, forwarded (to the owner regnode), owned (aggregated here), discounted (the caller's calls failed everywhere)."}, []string{"result"}),
 	}
-	r.MustRegister(m.ProbeOwned, m.Disagreements, m.DemotionsHeld, m.Confirmations, m.Limited, m.NotOwner, m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
+	r.MustRegister(m.Reports, m.ProbeOwned, m.Disagreements, m.DemotionsHeld, m.Confirmations, m.Limited, m.NotOwner, m.Registrations, m.ReRegistrations, m.RegistrationErrors, m.KeepAlives, m.KeepAliveLost, m.KeepAliveFailures,
 		m.KeepAliveStreams, m.JunkSkipped, m.LifecycleWrites, m.Deregistrations, m.Subscribers, m.Acks, m.AckRequests, m.ResetsSent, m.WatchRestarts, m.StaleBatches,
 		m.Probes, m.ProbeSeconds, m.Transitions, m.FenceRejections, m.LeaderChanges, m.Leading, m.Requests, m.RequestSeconds, m.DNSQueries)
 	return m

@@ -74,6 +74,13 @@ type Config struct {
 	MassDemotionShare float64
 	// MassDemotionWindow is that window (0: 1m).
 	MassDemotionWindow time.Duration
+	// ReportQuorum is how many distinct callers must report an instance
+	// failing (while their calls to its peers succeed) within
+	// ReportWindow for its owner to probe it at once and, if its probes
+	// pass, make it DEGRADED (0: 3); ReportWindow is how long a report
+	// counts (0: 30s).
+	ReportQuorum int
+	ReportWindow time.Duration
 	// Thresholds are the global health thresholds (default
 	// health.DefaultThresholds()); an instance's check overrides them.
 	Thresholds health.Thresholds
@@ -211,6 +218,8 @@ func DefaultConfig() Config {
 		// Zero values keep working (each component fills its own
 		// default); these are the same, stated once so the flags show them.
 		ProbeConcurrency: 64,
+		ReportQuorum:     3,
+		ReportWindow:     30 * time.Second,
 		RingSize:         10000,
 		QueueSize:        1024,
 		Thresholds:       health.DefaultThresholds(),
@@ -257,6 +266,12 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Zone) > record.MaxZoneLen {
 		return invalid("Zone", c.Zone, fmt.Sprintf("must be at most %d characters", record.MaxZoneLen))
+	}
+	if c.ReportQuorum < 0 {
+		return invalid("ReportQuorum", c.ReportQuorum, "must be >= 0 (0: the default 3)")
+	}
+	if c.ReportWindow < 0 {
+		return invalid("ReportWindow", c.ReportWindow, "must be >= 0 (0: the default 30s)")
 	}
 	if c.MassDemotionWindow < 0 {
 		return invalid("MassDemotionWindow", c.MassDemotionWindow, "must be >= 0 (0: the default 1m)")

@@ -28,6 +28,12 @@ func (c Config) withDefaults() Config {
 	if c.Prefix == "" {
 		c.Prefix = d.Prefix
 	}
+	if c.ReportQuorum == 0 {
+		c.ReportQuorum = d.ReportQuorum
+	}
+	if c.ReportWindow == 0 {
+		c.ReportWindow = d.ReportWindow
+	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = d.SessionTTL
 	}

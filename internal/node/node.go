@@ -97,7 +97,8 @@ type Node struct {
 	commit  *txnbatch.Batcher  // Register's writes, group-committed
 	probe   *probe.Checker
 	prober  *prober.Prober
-	shards  *sharding // sharded probing (sharding.go)
+	shards  *sharding  // sharded probing (sharding.go)
+	reports *reporting // callers' reports (reports.go)
 	// peerSecret proves this regnode to its peers (server.PeerHeader).
 	peerSecret string
 	mhttp      *http.Server

@@ -23,6 +23,13 @@ import (
 func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) error {
 	m := n.metrics
 	var err error
+	if n.reports, err = newReporting(n, cfg.ReportWindow); err != nil {
+		return err
+	}
+	if err := n.life.Start(ctx, stopper.Component{Name: "callers' reports",
+		Close: func() error { n.reports.close(); return nil }}); err != nil {
+		return err
+	}
 	// Probes say who sends them: User-Agent "regnode/<Version> (<name>)".
 	// Version, not buildinfo's: it is what Status reports, and a build
 	// from a checkout has buildinfo version "(devel)".
@@ -41,8 +48,9 @@ func (n *Node) startProber(ctx context.Context, cfg Config, st *store.Store) err
 		Confirm: func(ctx context.Context, in *registryv1.Instance) (prober.Verdict, error) {
 			return n.shards.confirm(ctx, in)
 		},
-		Canary:         func() string { return n.shards.Canary() },
-		OnOwned:        func(k int) { m.ProbeOwned.Set(float64(k)) },
+		Canary:   func() string { return n.shards.Canary() },
+		OnOwned:  func(k int) { m.ProbeOwned.Set(float64(k)) },
+		Reported: n.reports.failing, ReportQuorum: cfg.ReportQuorum,
 		OnDisagreement: m.Disagreements.Inc,
 		OnHeld:         func(kind string) { m.DemotionsHeld.WithLabelValues(kind).Inc() },
 		OnProbe: func(o health.Outcome, d time.Duration) {

@@ -302,7 +302,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			return n.shards.serveConfirm(ctx, req)
 		},
 		Probing: func() *registryv1.Probing { return n.shards.probing() },
-		XDS:     xs, XDSList: xdsList{xs}, Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
+		Report: func(_ context.Context, reporter string, r *registryv1.SubscribeReport) {
+			n.reports.take(reporter, r)
+		},
+		Forwarded: func(ctx context.Context, req *registryv1.ForwardReportsRequest) error {
+			return n.reports.forwarded(ctx, req)
+		},
+		XDS: xs, XDSList: xdsList{xs}, Store: st, Metrics: n.metrics, Node: cfg.Name, Embedded: n.etcd != nil,
 		Version: Version, Logger: n.log, Hub: n.hub, Leader: n.leader, Limits: limits, Operator: operator, LimitKey: limitKey,
 		Addr: advertise, Peers: n.peers, DialPeer: n.dialPeer})
 	if err != nil {

@@ -35,7 +35,7 @@ func TestStopperOwnsEveryPart(t *testing.T) {
 	want := []string{
 		"data dir", "embedded etcd", "etcd client",
 		"lease renewer", "lease pool", "txn batcher",
-		"fan-out (quiesce)", "probe checker", "prober election (quiesce)",
+		"fan-out (quiesce)", "callers' reports", "probe checker", "prober election (quiesce)",
 		"token cache", "API listener", "announcement (quiesce)",
 		"membership", "canaries", "prober (quiesce)",
 		"registration sweeper", "xDS (quiesce)", "API server",

@@ -123,6 +123,9 @@ func requirement(method string, req any) (token.Method, string, error) {
 			return token.Watch, k.Remove.GetService(), nil
 		case *registryv1.SubscribeRequest_Ack:
 			return token.Watch, k.Ack.GetService(), nil
+		case *registryv1.SubscribeRequest_Report:
+			// Reporting calls to a service's instances: read on it.
+			return token.Watch, k.Report.GetService(), nil
 		}
 		return token.Status, "", nil
 	case *registryv1.WaitAppliedRequest:
@@ -191,8 +194,11 @@ func (a *Auth) Unary() grpc.UnaryServerInterceptor {
 		if method == "" {
 			return handler(ctx, req)
 		}
-		if _, ok := req.(*registryv1.ConfirmProbeRequest); ok && a.fromPeer(ctx) {
-			return handler(ctx, req) // another regnode (AllowPeers)
+		switch req.(type) {
+		case *registryv1.ConfirmProbeRequest, *registryv1.ForwardReportsRequest:
+			if a.fromPeer(ctx) {
+				return handler(ctx, req) // another regnode (AllowPeers)
+			}
 		}
 		r, err := a.authenticate(ctx, method)
 		if err != nil {

@@ -101,6 +101,12 @@ type Config struct {
 	Confirm func(context.Context, *registryv1.ConfirmProbeRequest) (*registryv1.ConfirmProbeResponse, error)
 	// Probing, if set, reports this regnode's prober for Status.
 	Probing func() *registryv1.Probing
+	// Report, if set, takes a caller's report (SubscribeReport), checked
+	// and rate limited, under the reporter's name.
+	Report func(ctx context.Context, reporter string, r *registryv1.SubscribeReport)
+	// Forwarded, if set, serves ForwardReports: it must check the peer
+	// secret (server.FromPeer) and refuse with PermissionDenied.
+	Forwarded func(context.Context, *registryv1.ForwardReportsRequest) error
 }
 
 // DefaultConfig is a Config with every default but the required fields.

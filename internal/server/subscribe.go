@@ -82,6 +82,7 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 		sendRaw: func(b EncodedParts) error { return stream.SendMsg(b) }}
 	ms.asks = newAsker(ms, s.m.AckRequests.Inc)
 	followers := map[string]*follower{}
+	reported := map[string]time.Time{} // by service: when a report was last taken
 	defer func() {
 		for _, f := range followers {
 			s.stopFollower(f)
@@ -138,6 +139,8 @@ func (s *Server) Subscribe(stream registryv1.Registry_SubscribeServer) error {
 			if f := followers[k.Ack.Service]; f != nil {
 				s.subs.ack(f, k.Ack.Revision)
 			}
+		case *registryv1.SubscribeRequest_Report:
+			s.report(ctx, ms, k.Report, reported)
 		default:
 			// A kind this regnode does not know: ignored, so that clients
 			// may grow the protocol.

@@ -342,7 +342,7 @@ func (x TokenScope_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TokenScope_Kind.Descriptor instead.
 func (TokenScope_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{46, 0}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{51, 0}
 }
 
 // HealthCheck is the per-instance check spec. Zero fields take the
@@ -2616,6 +2616,140 @@ func (x *ConfirmProbeRequest) GetCreateRevision() int64 {
 	return 0
 }
 
+// ForwardReportsRequest is callers' reports one regnode received for
+// instances another owns.
+type ForwardReportsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reports       []*ForwardedReport     `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardReportsRequest) Reset() {
+	*x = ForwardReportsRequest{}
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardReportsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardReportsRequest) ProtoMessage() {}
+
+func (x *ForwardReportsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardReportsRequest.ProtoReflect.Descriptor instead.
+func (*ForwardReportsRequest) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ForwardReportsRequest) GetReports() []*ForwardedReport {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
+type ForwardedReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reporter      string                 `protobuf:"bytes,1,opt,name=reporter,proto3" json:"reporter,omitempty"` // who reported: token or subscriber name, and peer host
+	Report        *SubscribeReport       `protobuf:"bytes,2,opt,name=report,proto3" json:"report,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardedReport) Reset() {
+	*x = ForwardedReport{}
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardedReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardedReport) ProtoMessage() {}
+
+func (x *ForwardedReport) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardedReport.ProtoReflect.Descriptor instead.
+func (*ForwardedReport) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ForwardedReport) GetReporter() string {
+	if x != nil {
+		return x.Reporter
+	}
+	return ""
+}
+
+func (x *ForwardedReport) GetReport() *SubscribeReport {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+type ForwardReportsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardReportsResponse) Reset() {
+	*x = ForwardReportsResponse{}
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardReportsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardReportsResponse) ProtoMessage() {}
+
+func (x *ForwardReportsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardReportsResponse.ProtoReflect.Descriptor instead.
+func (*ForwardReportsResponse) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{31}
+}
+
 type ConfirmProbeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`        // the regnode that probed
@@ -2629,7 +2763,7 @@ type ConfirmProbeResponse struct {
 
 func (x *ConfirmProbeResponse) Reset() {
 	*x = ConfirmProbeResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2775,7 @@ func (x *ConfirmProbeResponse) String() string {
 func (*ConfirmProbeResponse) ProtoMessage() {}
 
 func (x *ConfirmProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[29]
+	mi := &file_registry_v1_registry_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2788,7 @@ func (x *ConfirmProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmProbeResponse.ProtoReflect.Descriptor instead.
 func (*ConfirmProbeResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ConfirmProbeResponse) GetNode() string {
@@ -2700,6 +2834,7 @@ type SubscribeRequest struct {
 	//	*SubscribeRequest_Add
 	//	*SubscribeRequest_Remove
 	//	*SubscribeRequest_Ack
+	//	*SubscribeRequest_Report
 	Kind isSubscribeRequest_Kind `protobuf_oneof:"kind"`
 	// subscriber names the client (e.g. host/pid) in drain reports; read
 	// from any message that sets it, usually the first.
@@ -2710,7 +2845,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +2857,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[30]
+	mi := &file_registry_v1_registry_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +2870,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SubscribeRequest) GetKind() isSubscribeRequest_Kind {
@@ -2772,6 +2907,15 @@ func (x *SubscribeRequest) GetAck() *SubscribeAck {
 	return nil
 }
 
+func (x *SubscribeRequest) GetReport() *SubscribeReport {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Report); ok {
+			return x.Report
+		}
+	}
+	return nil
+}
+
 func (x *SubscribeRequest) GetSubscriber() string {
 	if x != nil {
 		return x.Subscriber
@@ -2795,11 +2939,145 @@ type SubscribeRequest_Ack struct {
 	Ack *SubscribeAck `protobuf:"bytes,3,opt,name=ack,proto3,oneof"`
 }
 
+type SubscribeRequest_Report struct {
+	Report *SubscribeReport `protobuf:"bytes,4,opt,name=report,proto3,oneof"`
+}
+
 func (*SubscribeRequest_Add) isSubscribeRequest_Kind() {}
 
 func (*SubscribeRequest_Remove) isSubscribeRequest_Kind() {}
 
 func (*SubscribeRequest_Ack) isSubscribeRequest_Kind() {}
+
+func (*SubscribeRequest_Report) isSubscribeRequest_Kind() {}
+
+// SubscribeReport is what a client's calls to one service's instances
+// saw since its last report (health at scale: callers' reports): per
+// instance, instance-level failures (Unavailable, DeadlineExceeded,
+// ResourceExhausted, connection errors; never an application's code) and
+// successes (any answer). At most 1024 instances; a regnode takes at most
+// one report per service per second from a stream and drops the rest.
+// Needs read on the service.
+type SubscribeReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Service       string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Instances     []*InstanceCalls       `protobuf:"bytes,2,rep,name=instances,proto3" json:"instances,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeReport) Reset() {
+	*x = SubscribeReport{}
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeReport) ProtoMessage() {}
+
+func (x *SubscribeReport) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeReport.ProtoReflect.Descriptor instead.
+func (*SubscribeReport) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SubscribeReport) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *SubscribeReport) GetInstances() []*InstanceCalls {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+// InstanceCalls is one instance's calls in a SubscribeReport.
+type InstanceCalls struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Failures      uint32                 `protobuf:"varint,2,opt,name=failures,proto3" json:"failures,omitempty"`
+	Successes     uint32                 `protobuf:"varint,3,opt,name=successes,proto3" json:"successes,omitempty"`
+	Ejected       bool                   `protobuf:"varint,4,opt,name=ejected,proto3" json:"ejected,omitempty"` // the caller's outlier detection holds it out now
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceCalls) Reset() {
+	*x = InstanceCalls{}
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceCalls) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceCalls) ProtoMessage() {}
+
+func (x *InstanceCalls) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceCalls.ProtoReflect.Descriptor instead.
+func (*InstanceCalls) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *InstanceCalls) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *InstanceCalls) GetFailures() uint32 {
+	if x != nil {
+		return x.Failures
+	}
+	return 0
+}
+
+func (x *InstanceCalls) GetSuccesses() uint32 {
+	if x != nil {
+		return x.Successes
+	}
+	return 0
+}
+
+func (x *InstanceCalls) GetEjected() bool {
+	if x != nil {
+		return x.Ejected
+	}
+	return false
+}
 
 // SubscribeAdd starts following service ("" for every service) on the
 // stream, with the resume point of WatchRequest: everything up to
@@ -2816,7 +3094,7 @@ type SubscribeAdd struct {
 
 func (x *SubscribeAdd) Reset() {
 	*x = SubscribeAdd{}
-	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2828,7 +3106,7 @@ func (x *SubscribeAdd) String() string {
 func (*SubscribeAdd) ProtoMessage() {}
 
 func (x *SubscribeAdd) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[31]
+	mi := &file_registry_v1_registry_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2841,7 +3119,7 @@ func (x *SubscribeAdd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeAdd.ProtoReflect.Descriptor instead.
 func (*SubscribeAdd) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{31}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SubscribeAdd) GetService() string {
@@ -2876,7 +3154,7 @@ type SubscribeRemove struct {
 
 func (x *SubscribeRemove) Reset() {
 	*x = SubscribeRemove{}
-	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	mi := &file_registry_v1_registry_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2888,7 +3166,7 @@ func (x *SubscribeRemove) String() string {
 func (*SubscribeRemove) ProtoMessage() {}
 
 func (x *SubscribeRemove) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[32]
+	mi := &file_registry_v1_registry_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2901,7 +3179,7 @@ func (x *SubscribeRemove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRemove.ProtoReflect.Descriptor instead.
 func (*SubscribeRemove) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{32}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SubscribeRemove) GetService() string {
@@ -2923,7 +3201,7 @@ type SubscribeAck struct {
 
 func (x *SubscribeAck) Reset() {
 	*x = SubscribeAck{}
-	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2935,7 +3213,7 @@ func (x *SubscribeAck) String() string {
 func (*SubscribeAck) ProtoMessage() {}
 
 func (x *SubscribeAck) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[33]
+	mi := &file_registry_v1_registry_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2948,7 +3226,7 @@ func (x *SubscribeAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeAck.ProtoReflect.Descriptor instead.
 func (*SubscribeAck) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{33}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SubscribeAck) GetService() string {
@@ -2980,7 +3258,7 @@ type SubscribeError struct {
 
 func (x *SubscribeError) Reset() {
 	*x = SubscribeError{}
-	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3270,7 @@ func (x *SubscribeError) String() string {
 func (*SubscribeError) ProtoMessage() {}
 
 func (x *SubscribeError) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[34]
+	mi := &file_registry_v1_registry_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3283,7 @@ func (x *SubscribeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeError.ProtoReflect.Descriptor instead.
 func (*SubscribeError) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{34}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SubscribeError) GetCode() int32 {
@@ -3057,7 +3335,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3347,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[35]
+	mi := &file_registry_v1_registry_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3360,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{35}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SubscribeResponse) GetService() string {
@@ -3123,7 +3401,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3413,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[36]
+	mi := &file_registry_v1_registry_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3426,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{36}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AckRequest) GetRevision() int64 {
@@ -3175,7 +3453,7 @@ type WaitAppliedRequest struct {
 
 func (x *WaitAppliedRequest) Reset() {
 	*x = WaitAppliedRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[37]
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +3465,7 @@ func (x *WaitAppliedRequest) String() string {
 func (*WaitAppliedRequest) ProtoMessage() {}
 
 func (x *WaitAppliedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[37]
+	mi := &file_registry_v1_registry_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +3478,7 @@ func (x *WaitAppliedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitAppliedRequest.ProtoReflect.Descriptor instead.
 func (*WaitAppliedRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{37}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WaitAppliedRequest) GetService() string {
@@ -3248,7 +3526,7 @@ type Laggard struct {
 
 func (x *Laggard) Reset() {
 	*x = Laggard{}
-	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3260,7 +3538,7 @@ func (x *Laggard) String() string {
 func (*Laggard) ProtoMessage() {}
 
 func (x *Laggard) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[38]
+	mi := &file_registry_v1_registry_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3273,7 +3551,7 @@ func (x *Laggard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Laggard.ProtoReflect.Descriptor instead.
 func (*Laggard) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{38}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Laggard) GetSubscriber() string {
@@ -3331,7 +3609,7 @@ type NodeApplied struct {
 
 func (x *NodeApplied) Reset() {
 	*x = NodeApplied{}
-	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3343,7 +3621,7 @@ func (x *NodeApplied) String() string {
 func (*NodeApplied) ProtoMessage() {}
 
 func (x *NodeApplied) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[39]
+	mi := &file_registry_v1_registry_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3356,7 +3634,7 @@ func (x *NodeApplied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeApplied.ProtoReflect.Descriptor instead.
 func (*NodeApplied) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{39}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NodeApplied) GetNode() string {
@@ -3461,7 +3739,7 @@ type WaitAppliedResponse struct {
 
 func (x *WaitAppliedResponse) Reset() {
 	*x = WaitAppliedResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	mi := &file_registry_v1_registry_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3751,7 @@ func (x *WaitAppliedResponse) String() string {
 func (*WaitAppliedResponse) ProtoMessage() {}
 
 func (x *WaitAppliedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[40]
+	mi := &file_registry_v1_registry_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3764,7 @@ func (x *WaitAppliedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitAppliedResponse.ProtoReflect.Descriptor instead.
 func (*WaitAppliedResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{40}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WaitAppliedResponse) GetDone() bool {
@@ -3558,7 +3836,7 @@ type XdsClientsRequest struct {
 
 func (x *XdsClientsRequest) Reset() {
 	*x = XdsClientsRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	mi := &file_registry_v1_registry_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3570,7 +3848,7 @@ func (x *XdsClientsRequest) String() string {
 func (*XdsClientsRequest) ProtoMessage() {}
 
 func (x *XdsClientsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[41]
+	mi := &file_registry_v1_registry_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3583,7 +3861,7 @@ func (x *XdsClientsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsClientsRequest.ProtoReflect.Descriptor instead.
 func (*XdsClientsRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{41}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *XdsClientsRequest) GetAll() bool {
@@ -3611,7 +3889,7 @@ type XdsFollowed struct {
 
 func (x *XdsFollowed) Reset() {
 	*x = XdsFollowed{}
-	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	mi := &file_registry_v1_registry_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3623,7 +3901,7 @@ func (x *XdsFollowed) String() string {
 func (*XdsFollowed) ProtoMessage() {}
 
 func (x *XdsFollowed) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[42]
+	mi := &file_registry_v1_registry_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3636,7 +3914,7 @@ func (x *XdsFollowed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsFollowed.ProtoReflect.Descriptor instead.
 func (*XdsFollowed) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{42}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *XdsFollowed) GetService() string {
@@ -3687,7 +3965,7 @@ type XdsClient struct {
 
 func (x *XdsClient) Reset() {
 	*x = XdsClient{}
-	mi := &file_registry_v1_registry_proto_msgTypes[43]
+	mi := &file_registry_v1_registry_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3699,7 +3977,7 @@ func (x *XdsClient) String() string {
 func (*XdsClient) ProtoMessage() {}
 
 func (x *XdsClient) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[43]
+	mi := &file_registry_v1_registry_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3712,7 +3990,7 @@ func (x *XdsClient) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsClient.ProtoReflect.Descriptor instead.
 func (*XdsClient) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{43}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *XdsClient) GetNode() string {
@@ -3805,7 +4083,7 @@ type NodeXdsClients struct {
 
 func (x *NodeXdsClients) Reset() {
 	*x = NodeXdsClients{}
-	mi := &file_registry_v1_registry_proto_msgTypes[44]
+	mi := &file_registry_v1_registry_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3817,7 +4095,7 @@ func (x *NodeXdsClients) String() string {
 func (*NodeXdsClients) ProtoMessage() {}
 
 func (x *NodeXdsClients) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[44]
+	mi := &file_registry_v1_registry_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3830,7 +4108,7 @@ func (x *NodeXdsClients) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeXdsClients.ProtoReflect.Descriptor instead.
 func (*NodeXdsClients) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{44}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NodeXdsClients) GetNode() string {
@@ -3870,7 +4148,7 @@ type XdsClientsResponse struct {
 
 func (x *XdsClientsResponse) Reset() {
 	*x = XdsClientsResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[45]
+	mi := &file_registry_v1_registry_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3882,7 +4160,7 @@ func (x *XdsClientsResponse) String() string {
 func (*XdsClientsResponse) ProtoMessage() {}
 
 func (x *XdsClientsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[45]
+	mi := &file_registry_v1_registry_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3895,7 +4173,7 @@ func (x *XdsClientsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XdsClientsResponse.ProtoReflect.Descriptor instead.
 func (*XdsClientsResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{45}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *XdsClientsResponse) GetNodes() []*NodeXdsClients {
@@ -3917,7 +4195,7 @@ type TokenScope struct {
 
 func (x *TokenScope) Reset() {
 	*x = TokenScope{}
-	mi := &file_registry_v1_registry_proto_msgTypes[46]
+	mi := &file_registry_v1_registry_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3929,7 +4207,7 @@ func (x *TokenScope) String() string {
 func (*TokenScope) ProtoMessage() {}
 
 func (x *TokenScope) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[46]
+	mi := &file_registry_v1_registry_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3942,7 +4220,7 @@ func (x *TokenScope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenScope.ProtoReflect.Descriptor instead.
 func (*TokenScope) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{46}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TokenScope) GetKind() TokenScope_Kind {
@@ -3975,7 +4253,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_registry_v1_registry_proto_msgTypes[47]
+	mi := &file_registry_v1_registry_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3987,7 +4265,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[47]
+	mi := &file_registry_v1_registry_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4000,7 +4278,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{47}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TokenInfo) GetName() string {
@@ -4064,7 +4342,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[48]
+	mi := &file_registry_v1_registry_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4076,7 +4354,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[48]
+	mi := &file_registry_v1_registry_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4089,7 +4367,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{48}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CreateTokenRequest) GetName() string {
@@ -4130,7 +4408,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[49]
+	mi := &file_registry_v1_registry_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4142,7 +4420,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[49]
+	mi := &file_registry_v1_registry_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4155,7 +4433,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{49}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -4180,7 +4458,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[50]
+	mi := &file_registry_v1_registry_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4192,7 +4470,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[50]
+	mi := &file_registry_v1_registry_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4205,7 +4483,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{50}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{55}
 }
 
 type ListTokensResponse struct {
@@ -4217,7 +4495,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[51]
+	mi := &file_registry_v1_registry_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4229,7 +4507,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[51]
+	mi := &file_registry_v1_registry_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4242,7 +4520,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{51}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4261,7 +4539,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_registry_v1_registry_proto_msgTypes[52]
+	mi := &file_registry_v1_registry_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4273,7 +4551,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[52]
+	mi := &file_registry_v1_registry_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4286,7 +4564,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{52}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RevokeTokenRequest) GetName() string {
@@ -4305,7 +4583,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_registry_v1_registry_proto_msgTypes[53]
+	mi := &file_registry_v1_registry_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4317,7 +4595,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[53]
+	mi := &file_registry_v1_registry_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4330,7 +4608,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{53}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RevokeTokenResponse) GetRevision() int64 {
@@ -4538,22 +4816,37 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x13ConfirmProbeRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12'\n" +
-	"\x0fcreate_revision\x18\x03 \x01(\x03R\x0ecreateRevision\"\xab\x01\n" +
+	"\x0fcreate_revision\x18\x03 \x01(\x03R\x0ecreateRevision\"O\n" +
+	"\x15ForwardReportsRequest\x126\n" +
+	"\areports\x18\x01 \x03(\v2\x1c.registry.v1.ForwardedReportR\areports\"c\n" +
+	"\x0fForwardedReport\x12\x1a\n" +
+	"\breporter\x18\x01 \x01(\tR\breporter\x124\n" +
+	"\x06report\x18\x02 \x01(\v2\x1c.registry.v1.SubscribeReportR\x06report\"\x18\n" +
+	"\x16ForwardReportsResponse\"\xab\x01\n" +
 	"\x14ConfirmProbeResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\afailing\x18\x02 \x01(\bR\afailing\x12\x18\n" +
 	"\aoutcome\x18\x03 \x01(\tR\aoutcome\x12\x16\n" +
 	"\x06detail\x18\x04 \x01(\tR\x06detail\x123\n" +
-	"\alatency\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\alatency\"\xd0\x01\n" +
+	"\alatency\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\alatency\"\x88\x02\n" +
 	"\x10SubscribeRequest\x12-\n" +
 	"\x03add\x18\x01 \x01(\v2\x19.registry.v1.SubscribeAddH\x00R\x03add\x126\n" +
 	"\x06remove\x18\x02 \x01(\v2\x1c.registry.v1.SubscribeRemoveH\x00R\x06remove\x12-\n" +
-	"\x03ack\x18\x03 \x01(\v2\x19.registry.v1.SubscribeAckH\x00R\x03ack\x12\x1e\n" +
+	"\x03ack\x18\x03 \x01(\v2\x19.registry.v1.SubscribeAckH\x00R\x03ack\x126\n" +
+	"\x06report\x18\x04 \x01(\v2\x1c.registry.v1.SubscribeReportH\x00R\x06report\x12\x1e\n" +
 	"\n" +
 	"subscriber\x18\n" +
 	" \x01(\tR\n" +
 	"subscriberB\x06\n" +
-	"\x04kind\"c\n" +
+	"\x04kind\"e\n" +
+	"\x0fSubscribeReport\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x128\n" +
+	"\tinstances\x18\x02 \x03(\v2\x1a.registry.v1.InstanceCallsR\tinstances\"s\n" +
+	"\rInstanceCalls\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
+	"\bfailures\x18\x02 \x01(\rR\bfailures\x12\x1c\n" +
+	"\tsuccesses\x18\x03 \x01(\rR\tsuccesses\x12\x18\n" +
+	"\aejected\x18\x04 \x01(\bR\aejected\"c\n" +
 	"\fSubscribeAdd\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12#\n" +
 	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\x12\x14\n" +
@@ -4699,7 +4992,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fTOKEN_ROLE_READ\x10\x01\x12\x17\n" +
 	"\x13TOKEN_ROLE_REGISTER\x10\x02\x12\x16\n" +
 	"\x12TOKEN_ROLE_OPERATE\x10\x03\x12\x14\n" +
-	"\x10TOKEN_ROLE_ADMIN\x10\x042\xba\a\n" +
+	"\x10TOKEN_ROLE_ADMIN\x10\x042\x95\b\n" +
 	"\bRegistry\x12G\n" +
 	"\bRegister\x12\x1c.registry.v1.RegisterRequest\x1a\x1d.registry.v1.RegisterResponse\x12N\n" +
 	"\tKeepAlive\x12\x1d.registry.v1.KeepAliveRequest\x1a\x1e.registry.v1.KeepAliveResponse(\x010\x01\x12M\n" +
@@ -4715,7 +5008,8 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\vWaitApplied\x12\x1f.registry.v1.WaitAppliedRequest\x1a .registry.v1.WaitAppliedResponse\x12M\n" +
 	"\n" +
 	"XdsClients\x12\x1e.registry.v1.XdsClientsRequest\x1a\x1f.registry.v1.XdsClientsResponse\x12S\n" +
-	"\fConfirmProbe\x12 .registry.v1.ConfirmProbeRequest\x1a!.registry.v1.ConfirmProbeResponse2\xfb\x01\n" +
+	"\fConfirmProbe\x12 .registry.v1.ConfirmProbeRequest\x1a!.registry.v1.ConfirmProbeResponse\x12Y\n" +
+	"\x0eForwardReports\x12\".registry.v1.ForwardReportsRequest\x1a#.registry.v1.ForwardReportsResponse2\xfb\x01\n" +
 	"\x06Tokens\x12P\n" +
 	"\vCreateToken\x12\x1f.registry.v1.CreateTokenRequest\x1a .registry.v1.CreateTokenResponse\x12M\n" +
 	"\n" +
@@ -4735,89 +5029,94 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_registry_v1_registry_proto_goTypes = []any{
-	(Lifecycle)(0),                // 0: registry.v1.Lifecycle
-	(HealthState)(0),              // 1: registry.v1.HealthState
-	(CheckKind)(0),                // 2: registry.v1.CheckKind
-	(TokenRole)(0),                // 3: registry.v1.TokenRole
-	(Event_Type)(0),               // 4: registry.v1.Event.Type
-	(TokenScope_Kind)(0),          // 5: registry.v1.TokenScope.Kind
-	(*HealthCheck)(nil),           // 6: registry.v1.HealthCheck
-	(*Health)(nil),                // 7: registry.v1.Health
-	(*Instance)(nil),              // 8: registry.v1.Instance
-	(*RegisterRequest)(nil),       // 9: registry.v1.RegisterRequest
-	(*RegisterResponse)(nil),      // 10: registry.v1.RegisterResponse
-	(*KeepAliveRequest)(nil),      // 11: registry.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 12: registry.v1.KeepAliveResponse
-	(*DeregisterRequest)(nil),     // 13: registry.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),    // 14: registry.v1.DeregisterResponse
-	(*DrainRequest)(nil),          // 15: registry.v1.DrainRequest
-	(*DrainResponse)(nil),         // 16: registry.v1.DrainResponse
-	(*UndrainRequest)(nil),        // 17: registry.v1.UndrainRequest
-	(*UndrainResponse)(nil),       // 18: registry.v1.UndrainResponse
-	(*GetRequest)(nil),            // 19: registry.v1.GetRequest
-	(*GetResponse)(nil),           // 20: registry.v1.GetResponse
-	(*ListRequest)(nil),           // 21: registry.v1.ListRequest
-	(*ListResponse)(nil),          // 22: registry.v1.ListResponse
-	(*WatchRequest)(nil),          // 23: registry.v1.WatchRequest
-	(*Snapshot)(nil),              // 24: registry.v1.Snapshot
-	(*Event)(nil),                 // 25: registry.v1.Event
-	(*Events)(nil),                // 26: registry.v1.Events
-	(*Progress)(nil),              // 27: registry.v1.Progress
-	(*WatchResponse)(nil),         // 28: registry.v1.WatchResponse
-	(*StatusRequest)(nil),         // 29: registry.v1.StatusRequest
-	(*Probing)(nil),               // 30: registry.v1.Probing
-	(*Member)(nil),                // 31: registry.v1.Member
-	(*InstanceCounts)(nil),        // 32: registry.v1.InstanceCounts
-	(*StatusResponse)(nil),        // 33: registry.v1.StatusResponse
-	(*ConfirmProbeRequest)(nil),   // 34: registry.v1.ConfirmProbeRequest
-	(*ConfirmProbeResponse)(nil),  // 35: registry.v1.ConfirmProbeResponse
-	(*SubscribeRequest)(nil),      // 36: registry.v1.SubscribeRequest
-	(*SubscribeAdd)(nil),          // 37: registry.v1.SubscribeAdd
-	(*SubscribeRemove)(nil),       // 38: registry.v1.SubscribeRemove
-	(*SubscribeAck)(nil),          // 39: registry.v1.SubscribeAck
-	(*SubscribeError)(nil),        // 40: registry.v1.SubscribeError
-	(*SubscribeResponse)(nil),     // 41: registry.v1.SubscribeResponse
-	(*AckRequest)(nil),            // 42: registry.v1.AckRequest
-	(*WaitAppliedRequest)(nil),    // 43: registry.v1.WaitAppliedRequest
-	(*Laggard)(nil),               // 44: registry.v1.Laggard
-	(*NodeApplied)(nil),           // 45: registry.v1.NodeApplied
-	(*WaitAppliedResponse)(nil),   // 46: registry.v1.WaitAppliedResponse
-	(*XdsClientsRequest)(nil),     // 47: registry.v1.XdsClientsRequest
-	(*XdsFollowed)(nil),           // 48: registry.v1.XdsFollowed
-	(*XdsClient)(nil),             // 49: registry.v1.XdsClient
-	(*NodeXdsClients)(nil),        // 50: registry.v1.NodeXdsClients
-	(*XdsClientsResponse)(nil),    // 51: registry.v1.XdsClientsResponse
-	(*TokenScope)(nil),            // 52: registry.v1.TokenScope
-	(*TokenInfo)(nil),             // 53: registry.v1.TokenInfo
-	(*CreateTokenRequest)(nil),    // 54: registry.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 55: registry.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 56: registry.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 57: registry.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),    // 58: registry.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),   // 59: registry.v1.RevokeTokenResponse
-	nil,                           // 60: registry.v1.Instance.MetadataEntry
-	nil,                           // 61: registry.v1.SubscribeError.MetadataEntry
-	(*durationpb.Duration)(nil),   // 62: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 63: google.protobuf.Timestamp
+	(Lifecycle)(0),                 // 0: registry.v1.Lifecycle
+	(HealthState)(0),               // 1: registry.v1.HealthState
+	(CheckKind)(0),                 // 2: registry.v1.CheckKind
+	(TokenRole)(0),                 // 3: registry.v1.TokenRole
+	(Event_Type)(0),                // 4: registry.v1.Event.Type
+	(TokenScope_Kind)(0),           // 5: registry.v1.TokenScope.Kind
+	(*HealthCheck)(nil),            // 6: registry.v1.HealthCheck
+	(*Health)(nil),                 // 7: registry.v1.Health
+	(*Instance)(nil),               // 8: registry.v1.Instance
+	(*RegisterRequest)(nil),        // 9: registry.v1.RegisterRequest
+	(*RegisterResponse)(nil),       // 10: registry.v1.RegisterResponse
+	(*KeepAliveRequest)(nil),       // 11: registry.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),      // 12: registry.v1.KeepAliveResponse
+	(*DeregisterRequest)(nil),      // 13: registry.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),     // 14: registry.v1.DeregisterResponse
+	(*DrainRequest)(nil),           // 15: registry.v1.DrainRequest
+	(*DrainResponse)(nil),          // 16: registry.v1.DrainResponse
+	(*UndrainRequest)(nil),         // 17: registry.v1.UndrainRequest
+	(*UndrainResponse)(nil),        // 18: registry.v1.UndrainResponse
+	(*GetRequest)(nil),             // 19: registry.v1.GetRequest
+	(*GetResponse)(nil),            // 20: registry.v1.GetResponse
+	(*ListRequest)(nil),            // 21: registry.v1.ListRequest
+	(*ListResponse)(nil),           // 22: registry.v1.ListResponse
+	(*WatchRequest)(nil),           // 23: registry.v1.WatchRequest
+	(*Snapshot)(nil),               // 24: registry.v1.Snapshot
+	(*Event)(nil),                  // 25: registry.v1.Event
+	(*Events)(nil),                 // 26: registry.v1.Events
+	(*Progress)(nil),               // 27: registry.v1.Progress
+	(*WatchResponse)(nil),          // 28: registry.v1.WatchResponse
+	(*StatusRequest)(nil),          // 29: registry.v1.StatusRequest
+	(*Probing)(nil),                // 30: registry.v1.Probing
+	(*Member)(nil),                 // 31: registry.v1.Member
+	(*InstanceCounts)(nil),         // 32: registry.v1.InstanceCounts
+	(*StatusResponse)(nil),         // 33: registry.v1.StatusResponse
+	(*ConfirmProbeRequest)(nil),    // 34: registry.v1.ConfirmProbeRequest
+	(*ForwardReportsRequest)(nil),  // 35: registry.v1.ForwardReportsRequest
+	(*ForwardedReport)(nil),        // 36: registry.v1.ForwardedReport
+	(*ForwardReportsResponse)(nil), // 37: registry.v1.ForwardReportsResponse
+	(*ConfirmProbeResponse)(nil),   // 38: registry.v1.ConfirmProbeResponse
+	(*SubscribeRequest)(nil),       // 39: registry.v1.SubscribeRequest
+	(*SubscribeReport)(nil),        // 40: registry.v1.SubscribeReport
+	(*InstanceCalls)(nil),          // 41: registry.v1.InstanceCalls
+	(*SubscribeAdd)(nil),           // 42: registry.v1.SubscribeAdd
+	(*SubscribeRemove)(nil),        // 43: registry.v1.SubscribeRemove
+	(*SubscribeAck)(nil),           // 44: registry.v1.SubscribeAck
+	(*SubscribeError)(nil),         // 45: registry.v1.SubscribeError
+	(*SubscribeResponse)(nil),      // 46: registry.v1.SubscribeResponse
+	(*AckRequest)(nil),             // 47: registry.v1.AckRequest
+	(*WaitAppliedRequest)(nil),     // 48: registry.v1.WaitAppliedRequest
+	(*Laggard)(nil),                // 49: registry.v1.Laggard
+	(*NodeApplied)(nil),            // 50: registry.v1.NodeApplied
+	(*WaitAppliedResponse)(nil),    // 51: registry.v1.WaitAppliedResponse
+	(*XdsClientsRequest)(nil),      // 52: registry.v1.XdsClientsRequest
+	(*XdsFollowed)(nil),            // 53: registry.v1.XdsFollowed
+	(*XdsClient)(nil),              // 54: registry.v1.XdsClient
+	(*NodeXdsClients)(nil),         // 55: registry.v1.NodeXdsClients
+	(*XdsClientsResponse)(nil),     // 56: registry.v1.XdsClientsResponse
+	(*TokenScope)(nil),             // 57: registry.v1.TokenScope
+	(*TokenInfo)(nil),              // 58: registry.v1.TokenInfo
+	(*CreateTokenRequest)(nil),     // 59: registry.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),    // 60: registry.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),      // 61: registry.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),     // 62: registry.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),     // 63: registry.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),    // 64: registry.v1.RevokeTokenResponse
+	nil,                            // 65: registry.v1.Instance.MetadataEntry
+	nil,                            // 66: registry.v1.SubscribeError.MetadataEntry
+	(*durationpb.Duration)(nil),    // 67: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 68: google.protobuf.Timestamp
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	2,  // 0: registry.v1.HealthCheck.kind:type_name -> registry.v1.CheckKind
-	62, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
-	62, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
-	62, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
+	67, // 1: registry.v1.HealthCheck.interval:type_name -> google.protobuf.Duration
+	67, // 2: registry.v1.HealthCheck.timeout:type_name -> google.protobuf.Duration
+	67, // 3: registry.v1.HealthCheck.slow_threshold:type_name -> google.protobuf.Duration
 	1,  // 4: registry.v1.Health.state:type_name -> registry.v1.HealthState
-	63, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
-	62, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
-	60, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
+	68, // 5: registry.v1.Health.since:type_name -> google.protobuf.Timestamp
+	67, // 6: registry.v1.Health.last_latency:type_name -> google.protobuf.Duration
+	65, // 7: registry.v1.Instance.metadata:type_name -> registry.v1.Instance.MetadataEntry
 	6,  // 8: registry.v1.Instance.check:type_name -> registry.v1.HealthCheck
 	0,  // 9: registry.v1.Instance.lifecycle:type_name -> registry.v1.Lifecycle
 	7,  // 10: registry.v1.Instance.health:type_name -> registry.v1.Health
-	63, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
-	63, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
+	68, // 11: registry.v1.Instance.registered_at:type_name -> google.protobuf.Timestamp
+	68, // 12: registry.v1.Instance.routable_since:type_name -> google.protobuf.Timestamp
 	8,  // 13: registry.v1.RegisterRequest.instance:type_name -> registry.v1.Instance
-	62, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
+	67, // 14: registry.v1.RegisterRequest.ttl:type_name -> google.protobuf.Duration
 	8,  // 15: registry.v1.RegisterResponse.instance:type_name -> registry.v1.Instance
 	8,  // 16: registry.v1.DrainResponse.instance:type_name -> registry.v1.Instance
 	8,  // 17: registry.v1.UndrainResponse.instance:type_name -> registry.v1.Instance
@@ -4834,71 +5133,77 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	32, // 28: registry.v1.StatusResponse.counts:type_name -> registry.v1.InstanceCounts
 	30, // 29: registry.v1.StatusResponse.probing:type_name -> registry.v1.Probing
 	30, // 30: registry.v1.StatusResponse.regnodes:type_name -> registry.v1.Probing
-	62, // 31: registry.v1.ConfirmProbeResponse.latency:type_name -> google.protobuf.Duration
-	37, // 32: registry.v1.SubscribeRequest.add:type_name -> registry.v1.SubscribeAdd
-	38, // 33: registry.v1.SubscribeRequest.remove:type_name -> registry.v1.SubscribeRemove
-	39, // 34: registry.v1.SubscribeRequest.ack:type_name -> registry.v1.SubscribeAck
-	61, // 35: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
-	28, // 36: registry.v1.SubscribeResponse.unit:type_name -> registry.v1.WatchResponse
-	40, // 37: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
-	42, // 38: registry.v1.SubscribeResponse.ack_request:type_name -> registry.v1.AckRequest
-	62, // 39: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
-	44, // 40: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
-	44, // 41: registry.v1.NodeApplied.watch_laggards:type_name -> registry.v1.Laggard
-	44, // 42: registry.v1.NodeApplied.xds_laggards:type_name -> registry.v1.Laggard
-	45, // 43: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
-	48, // 44: registry.v1.XdsClient.services:type_name -> registry.v1.XdsFollowed
-	63, // 45: registry.v1.XdsClient.connected:type_name -> google.protobuf.Timestamp
-	49, // 46: registry.v1.NodeXdsClients.clients:type_name -> registry.v1.XdsClient
-	50, // 47: registry.v1.XdsClientsResponse.nodes:type_name -> registry.v1.NodeXdsClients
-	5,  // 48: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
-	3,  // 49: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
-	52, // 50: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
-	63, // 51: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	63, // 52: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	63, // 53: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
-	3,  // 54: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
-	52, // 55: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
-	62, // 56: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	53, // 57: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
-	53, // 58: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
-	9,  // 59: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
-	11, // 60: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
-	13, // 61: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
-	15, // 62: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
-	17, // 63: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
-	19, // 64: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
-	21, // 65: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
-	23, // 66: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
-	29, // 67: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
-	36, // 68: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
-	43, // 69: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
-	47, // 70: registry.v1.Registry.XdsClients:input_type -> registry.v1.XdsClientsRequest
-	34, // 71: registry.v1.Registry.ConfirmProbe:input_type -> registry.v1.ConfirmProbeRequest
-	54, // 72: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
-	56, // 73: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
-	58, // 74: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
-	10, // 75: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
-	12, // 76: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
-	14, // 77: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
-	16, // 78: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
-	18, // 79: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
-	20, // 80: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
-	22, // 81: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
-	28, // 82: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
-	33, // 83: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
-	41, // 84: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
-	46, // 85: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
-	51, // 86: registry.v1.Registry.XdsClients:output_type -> registry.v1.XdsClientsResponse
-	35, // 87: registry.v1.Registry.ConfirmProbe:output_type -> registry.v1.ConfirmProbeResponse
-	55, // 88: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
-	57, // 89: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
-	59, // 90: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
-	75, // [75:91] is the sub-list for method output_type
-	59, // [59:75] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	36, // 31: registry.v1.ForwardReportsRequest.reports:type_name -> registry.v1.ForwardedReport
+	40, // 32: registry.v1.ForwardedReport.report:type_name -> registry.v1.SubscribeReport
+	67, // 33: registry.v1.ConfirmProbeResponse.latency:type_name -> google.protobuf.Duration
+	42, // 34: registry.v1.SubscribeRequest.add:type_name -> registry.v1.SubscribeAdd
+	43, // 35: registry.v1.SubscribeRequest.remove:type_name -> registry.v1.SubscribeRemove
+	44, // 36: registry.v1.SubscribeRequest.ack:type_name -> registry.v1.SubscribeAck
+	40, // 37: registry.v1.SubscribeRequest.report:type_name -> registry.v1.SubscribeReport
+	41, // 38: registry.v1.SubscribeReport.instances:type_name -> registry.v1.InstanceCalls
+	66, // 39: registry.v1.SubscribeError.metadata:type_name -> registry.v1.SubscribeError.MetadataEntry
+	28, // 40: registry.v1.SubscribeResponse.unit:type_name -> registry.v1.WatchResponse
+	45, // 41: registry.v1.SubscribeResponse.error:type_name -> registry.v1.SubscribeError
+	47, // 42: registry.v1.SubscribeResponse.ack_request:type_name -> registry.v1.AckRequest
+	67, // 43: registry.v1.WaitAppliedRequest.timeout:type_name -> google.protobuf.Duration
+	49, // 44: registry.v1.NodeApplied.laggards:type_name -> registry.v1.Laggard
+	49, // 45: registry.v1.NodeApplied.watch_laggards:type_name -> registry.v1.Laggard
+	49, // 46: registry.v1.NodeApplied.xds_laggards:type_name -> registry.v1.Laggard
+	50, // 47: registry.v1.WaitAppliedResponse.nodes:type_name -> registry.v1.NodeApplied
+	53, // 48: registry.v1.XdsClient.services:type_name -> registry.v1.XdsFollowed
+	68, // 49: registry.v1.XdsClient.connected:type_name -> google.protobuf.Timestamp
+	54, // 50: registry.v1.NodeXdsClients.clients:type_name -> registry.v1.XdsClient
+	55, // 51: registry.v1.XdsClientsResponse.nodes:type_name -> registry.v1.NodeXdsClients
+	5,  // 52: registry.v1.TokenScope.kind:type_name -> registry.v1.TokenScope.Kind
+	3,  // 53: registry.v1.TokenInfo.role:type_name -> registry.v1.TokenRole
+	57, // 54: registry.v1.TokenInfo.scope:type_name -> registry.v1.TokenScope
+	68, // 55: registry.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	68, // 56: registry.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	68, // 57: registry.v1.TokenInfo.last_used:type_name -> google.protobuf.Timestamp
+	3,  // 58: registry.v1.CreateTokenRequest.role:type_name -> registry.v1.TokenRole
+	57, // 59: registry.v1.CreateTokenRequest.scope:type_name -> registry.v1.TokenScope
+	67, // 60: registry.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	58, // 61: registry.v1.CreateTokenResponse.token:type_name -> registry.v1.TokenInfo
+	58, // 62: registry.v1.ListTokensResponse.tokens:type_name -> registry.v1.TokenInfo
+	9,  // 63: registry.v1.Registry.Register:input_type -> registry.v1.RegisterRequest
+	11, // 64: registry.v1.Registry.KeepAlive:input_type -> registry.v1.KeepAliveRequest
+	13, // 65: registry.v1.Registry.Deregister:input_type -> registry.v1.DeregisterRequest
+	15, // 66: registry.v1.Registry.Drain:input_type -> registry.v1.DrainRequest
+	17, // 67: registry.v1.Registry.Undrain:input_type -> registry.v1.UndrainRequest
+	19, // 68: registry.v1.Registry.Get:input_type -> registry.v1.GetRequest
+	21, // 69: registry.v1.Registry.List:input_type -> registry.v1.ListRequest
+	23, // 70: registry.v1.Registry.Watch:input_type -> registry.v1.WatchRequest
+	29, // 71: registry.v1.Registry.Status:input_type -> registry.v1.StatusRequest
+	39, // 72: registry.v1.Registry.Subscribe:input_type -> registry.v1.SubscribeRequest
+	48, // 73: registry.v1.Registry.WaitApplied:input_type -> registry.v1.WaitAppliedRequest
+	52, // 74: registry.v1.Registry.XdsClients:input_type -> registry.v1.XdsClientsRequest
+	34, // 75: registry.v1.Registry.ConfirmProbe:input_type -> registry.v1.ConfirmProbeRequest
+	35, // 76: registry.v1.Registry.ForwardReports:input_type -> registry.v1.ForwardReportsRequest
+	59, // 77: registry.v1.Tokens.CreateToken:input_type -> registry.v1.CreateTokenRequest
+	61, // 78: registry.v1.Tokens.ListTokens:input_type -> registry.v1.ListTokensRequest
+	63, // 79: registry.v1.Tokens.RevokeToken:input_type -> registry.v1.RevokeTokenRequest
+	10, // 80: registry.v1.Registry.Register:output_type -> registry.v1.RegisterResponse
+	12, // 81: registry.v1.Registry.KeepAlive:output_type -> registry.v1.KeepAliveResponse
+	14, // 82: registry.v1.Registry.Deregister:output_type -> registry.v1.DeregisterResponse
+	16, // 83: registry.v1.Registry.Drain:output_type -> registry.v1.DrainResponse
+	18, // 84: registry.v1.Registry.Undrain:output_type -> registry.v1.UndrainResponse
+	20, // 85: registry.v1.Registry.Get:output_type -> registry.v1.GetResponse
+	22, // 86: registry.v1.Registry.List:output_type -> registry.v1.ListResponse
+	28, // 87: registry.v1.Registry.Watch:output_type -> registry.v1.WatchResponse
+	33, // 88: registry.v1.Registry.Status:output_type -> registry.v1.StatusResponse
+	46, // 89: registry.v1.Registry.Subscribe:output_type -> registry.v1.SubscribeResponse
+	51, // 90: registry.v1.Registry.WaitApplied:output_type -> registry.v1.WaitAppliedResponse
+	56, // 91: registry.v1.Registry.XdsClients:output_type -> registry.v1.XdsClientsResponse
+	38, // 92: registry.v1.Registry.ConfirmProbe:output_type -> registry.v1.ConfirmProbeResponse
+	37, // 93: registry.v1.Registry.ForwardReports:output_type -> registry.v1.ForwardReportsResponse
+	60, // 94: registry.v1.Tokens.CreateToken:output_type -> registry.v1.CreateTokenResponse
+	62, // 95: registry.v1.Tokens.ListTokens:output_type -> registry.v1.ListTokensResponse
+	64, // 96: registry.v1.Tokens.RevokeToken:output_type -> registry.v1.RevokeTokenResponse
+	80, // [80:97] is the sub-list for method output_type
+	63, // [63:80] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -4911,10 +5216,11 @@ func file_registry_v1_registry_proto_init() {
 		(*WatchResponse_Events)(nil),
 		(*WatchResponse_Progress)(nil),
 	}
-	file_registry_v1_registry_proto_msgTypes[30].OneofWrappers = []any{
+	file_registry_v1_registry_proto_msgTypes[33].OneofWrappers = []any{
 		(*SubscribeRequest_Add)(nil),
 		(*SubscribeRequest_Remove)(nil),
 		(*SubscribeRequest_Ack)(nil),
+		(*SubscribeRequest_Report)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4922,7 +5228,7 @@ func file_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   56,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

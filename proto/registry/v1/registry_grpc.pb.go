@@ -22,19 +22,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Registry_Register_FullMethodName     = "/registry.v1.Registry/Register"
-	Registry_KeepAlive_FullMethodName    = "/registry.v1.Registry/KeepAlive"
-	Registry_Deregister_FullMethodName   = "/registry.v1.Registry/Deregister"
-	Registry_Drain_FullMethodName        = "/registry.v1.Registry/Drain"
-	Registry_Undrain_FullMethodName      = "/registry.v1.Registry/Undrain"
-	Registry_Get_FullMethodName          = "/registry.v1.Registry/Get"
-	Registry_List_FullMethodName         = "/registry.v1.Registry/List"
-	Registry_Watch_FullMethodName        = "/registry.v1.Registry/Watch"
-	Registry_Status_FullMethodName       = "/registry.v1.Registry/Status"
-	Registry_Subscribe_FullMethodName    = "/registry.v1.Registry/Subscribe"
-	Registry_WaitApplied_FullMethodName  = "/registry.v1.Registry/WaitApplied"
-	Registry_XdsClients_FullMethodName   = "/registry.v1.Registry/XdsClients"
-	Registry_ConfirmProbe_FullMethodName = "/registry.v1.Registry/ConfirmProbe"
+	Registry_Register_FullMethodName       = "/registry.v1.Registry/Register"
+	Registry_KeepAlive_FullMethodName      = "/registry.v1.Registry/KeepAlive"
+	Registry_Deregister_FullMethodName     = "/registry.v1.Registry/Deregister"
+	Registry_Drain_FullMethodName          = "/registry.v1.Registry/Drain"
+	Registry_Undrain_FullMethodName        = "/registry.v1.Registry/Undrain"
+	Registry_Get_FullMethodName            = "/registry.v1.Registry/Get"
+	Registry_List_FullMethodName           = "/registry.v1.Registry/List"
+	Registry_Watch_FullMethodName          = "/registry.v1.Registry/Watch"
+	Registry_Status_FullMethodName         = "/registry.v1.Registry/Status"
+	Registry_Subscribe_FullMethodName      = "/registry.v1.Registry/Subscribe"
+	Registry_WaitApplied_FullMethodName    = "/registry.v1.Registry/WaitApplied"
+	Registry_XdsClients_FullMethodName     = "/registry.v1.Registry/XdsClients"
+	Registry_ConfirmProbe_FullMethodName   = "/registry.v1.Registry/ConfirmProbe"
+	Registry_ForwardReports_FullMethodName = "/registry.v1.Registry/ForwardReports"
 )
 
 // RegistryClient is the client API for Registry service.
@@ -65,6 +66,9 @@ type RegistryClient interface {
 	// ConfirmProbe probes an instance at once from this regnode: another
 	// regnode asks before it evicts (health at scale).
 	ConfirmProbe(ctx context.Context, in *ConfirmProbeRequest, opts ...grpc.CallOption) (*ConfirmProbeResponse, error)
+	// ForwardReports hands callers' reports to the regnode that owns their
+	// instances; only regnodes may call it (the peer secret).
+	ForwardReports(ctx context.Context, in *ForwardReportsRequest, opts ...grpc.CallOption) (*ForwardReportsResponse, error)
 }
 
 type registryClient struct {
@@ -220,6 +224,16 @@ func (c *registryClient) ConfirmProbe(ctx context.Context, in *ConfirmProbeReque
 	return out, nil
 }
 
+func (c *registryClient) ForwardReports(ctx context.Context, in *ForwardReportsRequest, opts ...grpc.CallOption) (*ForwardReportsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForwardReportsResponse)
+	err := c.cc.Invoke(ctx, Registry_ForwardReports_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServer is the server API for Registry service.
 // All implementations must embed UnimplementedRegistryServer
 // for forward compatibility.
@@ -248,6 +262,9 @@ type RegistryServer interface {
 	// ConfirmProbe probes an instance at once from this regnode: another
 	// regnode asks before it evicts (health at scale).
 	ConfirmProbe(context.Context, *ConfirmProbeRequest) (*ConfirmProbeResponse, error)
+	// ForwardReports hands callers' reports to the regnode that owns their
+	// instances; only regnodes may call it (the peer secret).
+	ForwardReports(context.Context, *ForwardReportsRequest) (*ForwardReportsResponse, error)
 	mustEmbedUnimplementedRegistryServer()
 }
 
@@ -296,6 +313,9 @@ func (UnimplementedRegistryServer) XdsClients(context.Context, *XdsClientsReques
 }
 func (UnimplementedRegistryServer) ConfirmProbe(context.Context, *ConfirmProbeRequest) (*ConfirmProbeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ConfirmProbe not implemented")
+}
+func (UnimplementedRegistryServer) ForwardReports(context.Context, *ForwardReportsRequest) (*ForwardReportsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ForwardReports not implemented")
 }
 func (UnimplementedRegistryServer) mustEmbedUnimplementedRegistryServer() {}
 func (UnimplementedRegistryServer) testEmbeddedByValue()                  {}
@@ -523,6 +543,24 @@ func _Registry_ConfirmProbe_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Registry_ForwardReports_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForwardReportsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServer).ForwardReports(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registry_ForwardReports_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServer).ForwardReports(ctx, req.(*ForwardReportsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Registry_ServiceDesc is the grpc.ServiceDesc for Registry service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -569,6 +607,10 @@ var Registry_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ConfirmProbe",
 			Handler:    _Registry_ConfirmProbe_Handler,
+		},
+		{
+			MethodName: "ForwardReports",
+			Handler:    _Registry_ForwardReports_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
