@@ -43,6 +43,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -129,30 +130,40 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	caches *caches
-	ads    serverv3.Server
+	ads    serverv3.Server // delta streams (sotw.go serves the others)
+	cb     serverv3.Callbacks
 	m      *metrics
 	ctx    context.Context // the xDS streams' life: ends when Run returns
 	cancel context.CancelFunc
 
 	prefix string // versions' prefix: random to this process
 
-	acks   *tracker // the streams and what they acknowledged (acks.go)
-	scopes *scopes  // what each stream may read (scope.go)
+	acks    *tracker     // the streams and what they acknowledged (acks.go)
+	scopes  *scopes      // what each stream may read (scope.go)
+	sotwIDs atomic.Int64 // the last state-of-the-world stream's id
+
+	// The state-of-the-world streams' tables of what every client gets
+	// alike (sotw.go); a variant's assignments are in its assignCache.
+	listeners, routes *table
+	clusters          map[kind]*table
 
 	// mu serializes builds and guards what they read and write.
 	mu       sync.Mutex
 	built    map[string]*built // by service: what the caches hold
 	rev      int64             // the revision of the last build
 	variants map[variant]*assignCache
-	zones    int // variants with a zone
+	zones    int    // variants with a zone
+	shared   uint64 // the version of the shared tables, counted per update
 }
 
 // assignCache is one variant's assignments, with a version prefix of its
 // own and its version counted as the LinearCache counts it (one per
 // update), so each version it sends maps to the revision it was built
-// from (acks.go).
+// from (acks.go). The LinearCache serves delta streams, the table the
+// others, at the same versions.
 type assignCache struct {
 	*cachev3.LinearCache
+	tbl     *table
 	prefix  string
 	version uint64
 }
@@ -179,15 +190,19 @@ func New(cfg Config) (*Server, error) {
 		built: map[string]*built{}, variants: map[variant]*assignCache{}, acks: newTracker(),
 		scopes: &scopes{of: cfg.Scope, m: map[int64]scope{}}}
 	s.m = newMetrics(cfg.Registerer, s.acks)
-	s.caches = newCaches(s.prefix, s.assignments)
+	s.caches = newCaches(s.prefix, func(v variant) *cachev3.LinearCache { return s.variant(v).LinearCache })
+	s.listeners, s.routes = newTable(resourcev3.ListenerType, s.prefix+"0"), newTable(resourcev3.RouteType, s.prefix+"0")
+	s.clusters = map[kind]*table{kindGRPC: newTable(resourcev3.ClusterType, s.prefix+"0"),
+		kindEnvoy: newTable(resourcev3.ClusterType, s.prefix+"0")}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.ads = serverv3.NewServer(s.ctx, s.caches, s.callbacks())
+	s.cb = s.callbacks()
+	s.ads = serverv3.NewServer(s.ctx, s.caches, s.cb)
 	return s, nil
 }
 
 // Register serves the Aggregated Discovery Service on g.
 func (s *Server) Register(g *grpc.Server) {
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, s.ads)
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, &adsServer{AggregatedDiscoveryServiceServer: s.ads, s: s})
 }
 
 // Run follows the hub and serves each change until ctx ends; then every
@@ -277,7 +292,11 @@ func (s *Server) rebuild(snap *cache.Snapshot) {
 		}
 		// Mapped before the update: a response of it may go out at once.
 		ac.version++
-		s.acks.version(ac.prefix+strconv.FormatUint(ac.version, 10), s.rev, start)
+		version := ac.prefix + strconv.FormatUint(ac.version, 10)
+		s.acks.version(version, s.rev, start)
+		if err := ac.tbl.update(version, up, sharedGone); err != nil {
+			s.log.Error("assignments not updated", "variant", v.String(), "err", err)
+		}
 		if err := ac.UpdateResources(up, sharedGone); err != nil {
 			s.log.Error("assignments not updated", "variant", v.String(), "err", err)
 		}
@@ -301,10 +320,16 @@ func (s *Server) updateShared(added map[string]types.Resource, gone []string) {
 	}
 	for _, u := range []struct {
 		lc  *cachev3.LinearCache
+		tbl *table
 		res map[string]types.Resource
-	}{{s.caches.listeners, ls}, {s.caches.routes, rs}, {s.caches.clusters[kindGRPC], cg}, {s.caches.clusters[kindEnvoy], ce}} {
+	}{{s.caches.listeners, s.listeners, ls}, {s.caches.routes, s.routes, rs},
+		{s.caches.clusters[kindGRPC], s.clusters[kindGRPC], cg}, {s.caches.clusters[kindEnvoy], s.clusters[kindEnvoy], ce}} {
 		if len(u.res) == 0 && len(gone) == 0 {
 			continue
+		}
+		s.shared++
+		if err := u.tbl.update(s.prefix+strconv.FormatUint(s.shared, 10), u.res, gone); err != nil {
+			s.log.Error("resources not updated", "err", err)
 		}
 		if err := u.lc.UpdateResources(u.res, gone); err != nil {
 			s.log.Error("resources not updated", "err", err)
@@ -312,19 +337,19 @@ func (s *Server) updateShared(added map[string]types.Resource, gone []string) {
 	}
 }
 
-// assignments is the variant's cache of ClusterLoadAssignments, made and
-// filled with every service as last built when its first client asks:
-// under mu, so no build falls between the fill and its first update.
-func (s *Server) assignments(v variant) *cachev3.LinearCache {
+// variant is the variant's ClusterLoadAssignments, made and filled with
+// every service as last built when its first client asks: under mu, so
+// no build falls between the fill and its first update.
+func (s *Server) variant(v variant) *assignCache {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ac := s.variants[v]; ac != nil {
-		return ac.LinearCache
+		return ac
 	}
 	if v.zone != "" && s.zones >= maxZoneVariants {
 		v.zone = ""
 		if ac := s.variants[v]; ac != nil {
-			return ac.LinearCache
+			return ac
 		}
 	}
 	res := make(map[string]types.Resource, len(s.built))
@@ -332,15 +357,33 @@ func (s *Server) assignments(v variant) *cachev3.LinearCache {
 		res[svc] = assignment(svc, b.offers, v)
 	}
 	prefix := fmt.Sprintf("%s%d-", s.prefix, len(s.variants))
-	ac := &assignCache{prefix: prefix, LinearCache: cachev3.NewLinearCache(resourcev3.EndpointType,
-		cachev3.WithVersionPrefix(prefix), cachev3.WithInitialResources(res))}
+	ac := &assignCache{prefix: prefix, tbl: newTable(resourcev3.EndpointType, prefix+"0"),
+		LinearCache: cachev3.NewLinearCache(resourcev3.EndpointType, cachev3.WithVersionPrefix(prefix), cachev3.WithInitialResources(res))}
 	s.acks.version(prefix+"0", s.rev, time.Time{})
+	if err := ac.tbl.update(prefix+"0", res, nil); err != nil {
+		s.log.Error("assignments not encoded", "variant", v.String(), "err", err)
+	}
 	s.variants[v] = ac
 	if v.zone != "" {
 		s.zones++
 	}
 	s.m.variants.Inc()
-	return ac.LinearCache
+	return ac
+}
+
+// table is the state-of-the-world table of typeURL for a client of node n.
+func (s *Server) table(typeURL string, n *corev3.Node) (*table, error) {
+	switch typeURL {
+	case resourcev3.ListenerType:
+		return s.listeners, nil
+	case resourcev3.RouteType:
+		return s.routes, nil
+	case resourcev3.ClusterType:
+		return s.clusters[classify(n).kind], nil
+	case resourcev3.EndpointType:
+		return s.variant(classify(n)).tbl, nil
+	}
+	return nil, fmt.Errorf("the registry serves no resources of type %q", typeURL)
 }
 
 // Revision is the registry revision an assignment version was built from
