@@ -67,6 +67,7 @@ type sotwSub struct {
 	legacy   bool              // still a legacy wildcard: an empty list leaves it as it is
 	joined   bool              // its table knows what it follows
 	sent     map[string]string // what the client was sent: name → version
+	seen     string            // the table's version when last answered: nothing new before it moves
 	nonce    string            // of the last response ("" none)
 	pending  bool              // that response is not answered yet
 	force    bool              // answer even if nothing changed
@@ -171,17 +172,19 @@ func (st *sotwStream) take(req *discoverygrpc.DiscoveryRequest) error {
 	if v := req.GetVersionInfo(); v == "" || !strings.HasPrefix(v, st.s.prefix) {
 		sub.force = true // it knows nothing of ours: answered even if empty
 	}
-	sub.resubscribe(req.GetResourceNames())
-	st.changed()
+	if sub.resubscribe(req.GetResourceNames()) || sub.force || sub.t.moved(sub.seen) {
+		st.changed()
+	}
 	return nil
 }
 
 // resubscribe makes list what sub follows (a legacy wildcard stays one
 // while the list is empty), as go-control-plane's Subscription does. An
-// ACK names what it named before: that costs no allocation.
-func (sub *sotwSub) resubscribe(list []string) {
+// ACK names what it named before: that costs no allocation. It reports
+// whether what sub follows changed.
+func (sub *sotwSub) resubscribe(list []string) bool {
 	if sub.joined && sub.same(list) {
-		return
+		return false
 	}
 	names, wildcard := sub.names, true
 	if !sub.legacy || len(list) > 0 {
@@ -196,7 +199,7 @@ func (sub *sotwSub) resubscribe(list []string) {
 		}
 	}
 	if sub.joined && wildcard == sub.wildcard && maps.Equal(names, sub.names) {
-		return
+		return false
 	}
 	if !wildcard {
 		for n := range sub.sent {
@@ -207,6 +210,7 @@ func (sub *sotwSub) resubscribe(list []string) {
 	}
 	sub.t.follow(sub, sub.names, sub.wildcard, names, wildcard)
 	sub.names, sub.wildcard, sub.joined = names, wildcard, true
+	return true
 }
 
 // same reports whether list names what sub follows.
@@ -242,6 +246,7 @@ func (st *sotwStream) due() []response {
 			continue
 		}
 		res, sent, version, ok := sub.t.answer(sub, sub.force)
+		sub.seen = version
 		if !ok {
 			continue
 		}

@@ -117,9 +117,16 @@ func (t *table) follow(sub *sotwSub, was map[string]bool, wasWildcard bool, name
 	}
 }
 
+// moved reports whether the table changed since version.
+func (t *table) moved(version string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.version != version
+}
+
 // answer is what sub is due, as of now: the resources to send, the
 // versions it then has of each (what it had, for those not sent), and
-// the table's version; ok is false when nothing is due. A response
+// the table's version (also when nothing is due: ok is false). A response
 // carries the followed resources that changed since sub last got them
 // (and, for LDS and CDS, every followed resource, as the protocol
 // requires: one left out reads as deleted); it is due when one changed
@@ -156,9 +163,9 @@ func (t *table) answer(sub *sotwSub, force bool) (res []*anypb.Any, sent map[str
 	}
 	switch {
 	case !force && !changed && !removed:
-		return nil, nil, "", false
+		return nil, nil, t.version, false
 	case !t.full && !force && !changed:
-		return nil, nil, "", false
+		return nil, nil, t.version, false
 	}
 	sent = make(map[string]string, len(sub.sent)+len(changes))
 	for name, v := range sub.sent {
