@@ -439,8 +439,11 @@ func wildcardType(typeURL string) bool {
 // callbacks count streams, ACKs and NACKs, and log each NACK with the
 // client's error (the client keeps its last good version).
 func (s *Server) callbacks() serverv3.Callbacks {
+	// Looked up once: every request and response counts.
+	acks, requests, nacks := s.m.requests.WithLabelValues("ack"), s.m.requests.WithLabelValues("request"), s.m.requests.WithLabelValues("nack")
+	sotwPushes, deltaPushes := s.m.pushes.WithLabelValues("sotw"), s.m.pushes.WithLabelValues("delta")
 	nack := func(n *corev3.Node, typeURL, version, detail string) {
-		s.m.requests.WithLabelValues("nack").Inc()
+		nacks.Inc()
 		s.log.Warn("an xDS client refused a version (NACK); it keeps its last good one",
 			"node", n.GetId(), "user_agent", n.GetUserAgentName(), "type", typeURL, "version", version, "error", detail)
 	}
@@ -482,15 +485,15 @@ func (s *Server) callbacks() serverv3.Callbacks {
 				refused = &msg
 				nack(r.GetNode(), r.GetTypeUrl(), r.GetVersionInfo(), msg)
 			case r.GetResponseNonce() != "":
-				s.m.requests.WithLabelValues("ack").Inc()
+				acks.Inc()
 			default:
-				s.m.requests.WithLabelValues("request").Inc()
+				requests.Inc()
 			}
 			s.acks.request(id, r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), refused, r.GetResourceNames(), nil, true)
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, _ *discoverygrpc.DiscoveryRequest, r *discoverygrpc.DiscoveryResponse) {
-			s.m.pushes.WithLabelValues("sotw").Inc()
+			sotwPushes.Inc()
 			s.acks.response(id, r.GetTypeUrl(), r.GetNonce(), r.GetVersionInfo())
 		},
 		StreamDeltaRequestFunc: func(id int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
@@ -508,16 +511,16 @@ func (s *Server) callbacks() serverv3.Callbacks {
 				refused = &msg
 				nack(r.GetNode(), r.GetTypeUrl(), "", msg)
 			case r.GetResponseNonce() != "":
-				s.m.requests.WithLabelValues("ack").Inc()
+				acks.Inc()
 			default:
-				s.m.requests.WithLabelValues("request").Inc()
+				requests.Inc()
 			}
 			s.acks.request(deltaKey(id), r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), refused,
 				r.GetResourceNamesSubscribe(), r.GetResourceNamesUnsubscribe(), false)
 			return nil
 		},
 		StreamDeltaResponseFunc: func(id int64, _ *discoverygrpc.DeltaDiscoveryRequest, r *discoverygrpc.DeltaDiscoveryResponse) {
-			s.m.pushes.WithLabelValues("delta").Inc()
+			deltaPushes.Inc()
 			s.acks.response(deltaKey(id), r.GetTypeUrl(), r.GetNonce(), r.GetSystemVersionInfo())
 		},
 	}

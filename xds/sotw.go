@@ -2,6 +2,7 @@ package xds
 
 import (
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,10 +51,12 @@ type sotwStream struct {
 	id   int64
 	wake chan struct{} // capacity 1: something may be due
 
-	mu    sync.Mutex
-	node  *corev3.Node
-	subs  map[string]*sotwSub // by type URL
-	nonce int64               // of the last response
+	mu     sync.Mutex
+	node   *corev3.Node
+	subs   map[string]*sotwSub // by type URL
+	order  []*sotwSub          // the same, in typeOrder
+	nonce  int64               // of the last response
+	closed bool                // the handler returned: nothing more is followed
 }
 
 // sotwSub is what one stream follows of one type; the stream's mu guards
@@ -95,6 +98,7 @@ func (a *adsServer) StreamAggregatedResources(g grpc.BidiStreamingServer[discove
 	defer func() {
 		st.mu.Lock()
 		node := st.node
+		st.closed = true // a request still being taken follows nothing
 		for _, sub := range st.subs {
 			if sub.joined {
 				sub.t.follow(sub, sub.names, sub.wildcard, nil, false)
@@ -156,6 +160,9 @@ func (st *sotwStream) take(req *discoverygrpc.DiscoveryRequest) error {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.closed {
+		return nil
+	}
 	sub := st.subs[typeURL]
 	if sub == nil {
 		t, err := st.s.table(typeURL, req.GetNode())
@@ -165,6 +172,10 @@ func (st *sotwStream) take(req *discoverygrpc.DiscoveryRequest) error {
 		sub = &sotwSub{st: st, t: t, typeURL: typeURL, sent: map[string]string{},
 			legacy: len(req.GetResourceNames()) == 0 && wildcardType(typeURL)}
 		st.subs[typeURL] = sub
+		st.order = append(st.order, sub)
+		slices.SortFunc(st.order, func(a, b *sotwSub) int {
+			return slices.Index(typeOrder, a.typeURL) - slices.Index(typeOrder, b.typeURL)
+		})
 	} else if sub.pending && req.GetResponseNonce() != sub.nonce {
 		return nil // answers an older response: the client will answer the last
 	}
@@ -240,21 +251,20 @@ func (st *sotwStream) due() []response {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	var out []response
-	for _, typeURL := range typeOrder {
-		sub := st.subs[typeURL]
-		if sub == nil || sub.pending {
+	for _, sub := range st.order {
+		if sub.pending {
 			continue
 		}
-		res, sent, version, ok := sub.t.answer(sub, sub.force)
+		res, version, ok := sub.t.answer(sub, sub.force)
 		sub.seen = version
 		if !ok {
 			continue
 		}
 		st.nonce++
 		sub.nonce = strconv.FormatInt(st.nonce, 10)
-		sub.sent, sub.pending, sub.force = sent, true, false
+		sub.pending, sub.force = true, false
 		out = append(out, response{req: sub.req, resp: &discoverygrpc.DiscoveryResponse{
-			VersionInfo: version, Resources: res, TypeUrl: typeURL, Nonce: sub.nonce}})
+			VersionInfo: version, Resources: res, TypeUrl: sub.typeURL, Nonce: sub.nonce}})
 	}
 	return out
 }

@@ -124,16 +124,17 @@ func (t *table) moved(version string) bool {
 	return t.version != version
 }
 
-// answer is what sub is due, as of now: the resources to send, the
-// versions it then has of each (what it had, for those not sent), and
-// the table's version (also when nothing is due: ok is false). A response
+// answer is what sub is due, as of now: the resources to send and the
+// table's version (also when nothing is due: ok is false). When
+// something is due, sub.sent becomes what the client then has (its
+// stream's mu is held). A response
 // carries the followed resources that changed since sub last got them
 // (and, for LDS and CDS, every followed resource, as the protocol
 // requires: one left out reads as deleted); it is due when one changed
 // or went, or when force (a request that knows no version of ours).
 // As go-control-plane's LinearCache does, the removal of an EDS or RDS
 // resource sends nothing (state of the world cannot say it for them).
-func (t *table) answer(sub *sotwSub, force bool) (res []*anypb.Any, sent map[string]string, version string, ok bool) {
+func (t *table) answer(sub *sotwSub, force bool) (res []*anypb.Any, version string, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	following := func(name string) bool { return sub.wildcard || sub.names[name] }
@@ -163,14 +164,13 @@ func (t *table) answer(sub *sotwSub, force bool) (res []*anypb.Any, sent map[str
 	}
 	switch {
 	case !force && !changed && !removed:
-		return nil, nil, t.version, false
+		return nil, t.version, false
 	case !t.full && !force && !changed:
-		return nil, nil, t.version, false
+		return nil, t.version, false
 	}
-	sent = make(map[string]string, len(sub.sent)+len(changes))
-	for name, v := range sub.sent {
-		if _, ok := t.res[name]; ok && following(name) {
-			sent[name] = v
+	for name := range sub.sent {
+		if _, ok := t.res[name]; !ok || !following(name) {
+			delete(sub.sent, name)
 		}
 	}
 	names := changes
@@ -192,7 +192,7 @@ func (t *table) answer(sub *sotwSub, force bool) (res []*anypb.Any, sent map[str
 	for _, name := range names {
 		e := t.res[name]
 		res = append(res, e.any)
-		sent[name] = e.version
+		sub.sent[name] = e.version
 	}
-	return res, sent, t.version, true
+	return res, t.version, true
 }
