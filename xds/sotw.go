@@ -1,11 +1,13 @@
 package xds
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -107,29 +109,35 @@ func (a *adsServer) StreamAggregatedResources(g grpc.BidiStreamingServer[discove
 		st.mu.Unlock()
 		s.cb.OnStreamClosed(st.id, node)
 	}()
-	failed := make(chan error, 1)
+	// One channel wakes this loop for everything (a select over four,
+	// one of them shared by every stream, cost more than the sends).
+	stop1, stop2 := context.AfterFunc(ctx, st.changed), context.AfterFunc(s.ctx, st.changed)
+	defer stop1()
+	defer stop2()
+	var (
+		failed atomic.Bool
+		err    error // the receiver's, once failed
+	)
 	go func() { // ends when the stream does (on this function's return at the latest)
 		for {
-			req, err := g.Recv()
-			if err != nil {
-				failed <- nil // the client is gone or went away: no error of ours
-				return
+			req, rerr := g.Recv()
+			if rerr != nil { // the client is gone or went away: no error of ours
+				break
 			}
-			if err := st.take(req); err != nil {
-				failed <- err
-				return
+			if err = st.take(req); err != nil {
+				break
 			}
 		}
+		failed.Store(true) // publishes err
+		st.changed()
 	}()
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-s.ctx.Done():
-			return nil
-		case err := <-failed:
+		<-st.wake
+		switch {
+		case failed.Load():
 			return err
-		case <-st.wake:
+		case ctx.Err() != nil, s.ctx.Err() != nil:
+			return nil
 		}
 		for _, out := range st.due() {
 			s.cb.OnStreamResponse(ctx, st.id, out.req, out.resp)
