@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -47,7 +48,7 @@ func (t *table) update(version string, up map[string]types.Resource, gone []stri
 		a, err := anypb.New(r)
 		if err != nil {
 			if first == nil {
-				first = err
+				first = fmt.Errorf("xds: %s %q not encoded: %w", t.typeURL, name, err)
 			}
 			continue
 		}
