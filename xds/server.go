@@ -63,6 +63,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/config"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -208,7 +209,11 @@ func New(cfg Config) (*Server, error) {
 		kindEnvoy: newTable(resourcev3.ClusterType, s.prefix+"0")}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.cb = s.callbacks()
-	s.ads = serverv3.NewServer(s.ctx, s.caches, s.cb)
+	// An empty first subscription is a wildcard for listeners and
+	// clusters only, as scopes (scope.go) and sotw.go read it: left on for
+	// assignments and routes, it served a scoped client every service.
+	s.ads = serverv3.NewServer(s.ctx, s.caches, s.cb,
+		config.DeactivateLegacyWildcardForTypes([]string{resourcev3.EndpointType, resourcev3.RouteType}))
 	return s, nil
 }
 
