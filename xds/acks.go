@@ -150,7 +150,7 @@ func (t *tracker) request(id int64, n *corev3.Node, typeURL, nonce string, nack 
 	}
 	before := len(s.follows)
 	old := s.follows
-	if sotw { // the full list, each time
+	if sotw && !sameNames(s.follows, subscribe) { // the full list, each time (an ACK: the same one)
 		old = maps.Clone(s.follows)
 		clear(s.follows)
 	}
@@ -181,6 +181,19 @@ func (t *tracker) request(id int64, n *corev3.Node, typeURL, nonce string, nack 
 	if changed {
 		t.notifyLocked()
 	}
+}
+
+// sameNames reports whether names are the keys of set.
+func sameNames(set map[string]bool, names []string) bool {
+	if len(set) != len(names) {
+		return false
+	}
+	for _, n := range names {
+		if !set[n] {
+			return false
+		}
+	}
+	return true
 }
 
 // response notes the response of nonce on stream id: once its client

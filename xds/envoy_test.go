@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -256,6 +257,68 @@ func TestXDSAuth(t *testing.T) {
 	}
 	if _, err := listeners(one); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("token scoped to orders, wildcard: %v, want PermissionDenied", err)
+	}
+
+	// Assignments asked for with no names at first are no wildcard (only
+	// listeners and clusters have one): a scoped client that then names
+	// orders is sent orders, never payments, over either protocol.
+	sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+one)
+	assignments := func(as []*anypb.Any) []string {
+		var got []string
+		for _, a := range as {
+			cla := &endpointv3.ClusterLoadAssignment{}
+			if err := a.UnmarshalTo(cla); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, cla.ClusterName)
+		}
+		slices.Sort(got)
+		return got
+	}
+	ds, err := ads.DeltaAggregatedResources(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, names := range [][]string{nil, {"orders"}} {
+		if err := ds.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: &corev3.Node{Id: "n", UserAgentName: "envoy"},
+			TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dr, err := ds.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delta []*anypb.Any
+	for _, r := range dr.Resources {
+		delta = append(delta, r.Resource)
+	}
+	if got := assignments(delta); !slices.Equal(got, []string{"orders"}) {
+		t.Errorf("delta, token scoped to orders, no names then orders: first response %v, want orders alone", got)
+	}
+	ss, err := ads.StreamAggregatedResources(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ss.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.EndpointType}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		sr, err := ss.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := assignments(sr.Resources)
+		if len(got) > 0 {
+			if !slices.Equal(got, []string{"orders"}) {
+				t.Errorf("sotw, token scoped to orders, no names then orders: %v, want orders alone", got)
+			}
+			break
+		}
+		if err := ss.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"orders"},
+			VersionInfo: sr.VersionInfo, ResponseNonce: sr.Nonce}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -1,7 +1,7 @@
 // Package xds serves the registry's view to every language over Envoy's
 // xDS: the Aggregated Discovery Service, state of the world (what gRPC's
-// xDS clients speak, gRFC A27) and incremental (what Envoy prefers), on
-// go-control-plane's server. For each service S it serves Listener S,
+// xDS clients speak, gRFC A27; sotw.go) and incremental (what Envoy
+// prefers; go-control-plane's server). For each service S it serves Listener S,
 // RouteConfiguration S, Cluster S and ClusterLoadAssignment S, so that
 // grpc.NewClient("xds:///S") in Go, Java, C++, Python or Node needs
 // nothing but a bootstrap file.
@@ -20,9 +20,9 @@
 //     endpoints). A client whose bootstrap names a zone prefers that
 //     zone's instances by priority while one is usable.
 //   - Each resource variant is encoded once per version however many
-//     streams receive it (go-control-plane's LinearCache memoizes the
-//     encoding), and versions carry a prefix random to this process, so
-//     they never repeat across regnodes or restarts.
+//     streams receive it (table.go; go-control-plane's LinearCache
+//     memoizes it for delta streams), and versions carry a prefix random
+//     to this process, so they never repeat across regnodes or restarts.
 //   - A service that does not exist is absent from the answer (gRPC
 //     clients then report it does not exist), never an error that ends
 //     the stream.
@@ -31,6 +31,18 @@
 // SnapshotCache answers only once a client names every resource of the
 // snapshot, so a gRPC client naming one service is never answered
 // (grpc-go #5131); LinearCaches answer per resource.
+//
+// Why our own state-of-the-world server and not go-control-plane's: a
+// gRPC client ACKs every response, and that server turns each ACK into a
+// new cache watch (a channel hop to the stream's loop, a select over its
+// watches, a LinearCache lock and watch maps), then builds and copies a
+// response per stream; with a thousand streams on one service, that was
+// about a quarter of the regnode's CPU per change (regbench propagate,
+// profiled). sotw.go keeps, per stream and type, what
+// the client was sent: an ACK is a map update, a change wakes only the
+// streams that follow it. Delta streams (Envoy) stay on go-control-plane,
+// whose delta server has no such cost per ACK worth owning the protocol
+// for; both are fed by the same builds at the same versions.
 package xds
 
 import (
@@ -43,6 +55,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -50,6 +63,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/config"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -129,30 +143,40 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	caches *caches
-	ads    serverv3.Server
+	ads    serverv3.Server // delta streams (sotw.go serves the others)
+	cb     serverv3.Callbacks
 	m      *metrics
 	ctx    context.Context // the xDS streams' life: ends when Run returns
 	cancel context.CancelFunc
 
 	prefix string // versions' prefix: random to this process
 
-	acks   *tracker // the streams and what they acknowledged (acks.go)
-	scopes *scopes  // what each stream may read (scope.go)
+	acks    *tracker     // the streams and what they acknowledged (acks.go)
+	scopes  *scopes      // what each stream may read (scope.go)
+	sotwIDs atomic.Int64 // the last state-of-the-world stream's id
+
+	// The state-of-the-world streams' tables of what every client gets
+	// alike (sotw.go); a variant's assignments are in its assignCache.
+	listeners, routes *table
+	clusters          map[kind]*table
 
 	// mu serializes builds and guards what they read and write.
 	mu       sync.Mutex
 	built    map[string]*built // by service: what the caches hold
 	rev      int64             // the revision of the last build
 	variants map[variant]*assignCache
-	zones    int // variants with a zone
+	zones    int    // variants with a zone
+	shared   uint64 // the version of the shared tables, counted per update
 }
 
 // assignCache is one variant's assignments, with a version prefix of its
 // own and its version counted as the LinearCache counts it (one per
 // update), so each version it sends maps to the revision it was built
-// from (acks.go).
+// from (acks.go). The LinearCache serves delta streams, the table the
+// others, at the same versions.
 type assignCache struct {
 	*cachev3.LinearCache
+	tbl     *table
 	prefix  string
 	version uint64
 }
@@ -179,15 +203,23 @@ func New(cfg Config) (*Server, error) {
 		built: map[string]*built{}, variants: map[variant]*assignCache{}, acks: newTracker(),
 		scopes: &scopes{of: cfg.Scope, m: map[int64]scope{}}}
 	s.m = newMetrics(cfg.Registerer, s.acks)
-	s.caches = newCaches(s.prefix, s.assignments)
+	s.caches = newCaches(s.prefix, func(v variant) *cachev3.LinearCache { return s.variant(v).LinearCache })
+	s.listeners, s.routes = newTable(resourcev3.ListenerType, s.prefix+"0"), newTable(resourcev3.RouteType, s.prefix+"0")
+	s.clusters = map[kind]*table{kindGRPC: newTable(resourcev3.ClusterType, s.prefix+"0"),
+		kindEnvoy: newTable(resourcev3.ClusterType, s.prefix+"0")}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.ads = serverv3.NewServer(s.ctx, s.caches, s.callbacks())
+	s.cb = s.callbacks()
+	// An empty first subscription is a wildcard for listeners and
+	// clusters only, as scopes (scope.go) and sotw.go read it: left on for
+	// assignments and routes, it served a scoped client every service.
+	s.ads = serverv3.NewServer(s.ctx, s.caches, s.cb,
+		config.DeactivateLegacyWildcardForTypes([]string{resourcev3.EndpointType, resourcev3.RouteType}))
 	return s, nil
 }
 
 // Register serves the Aggregated Discovery Service on g.
 func (s *Server) Register(g *grpc.Server) {
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, s.ads)
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, &adsServer{AggregatedDiscoveryServiceServer: s.ads, s: s})
 }
 
 // Run follows the hub and serves each change until ctx ends; then every
@@ -277,7 +309,11 @@ func (s *Server) rebuild(snap *cache.Snapshot) {
 		}
 		// Mapped before the update: a response of it may go out at once.
 		ac.version++
-		s.acks.version(ac.prefix+strconv.FormatUint(ac.version, 10), s.rev, start)
+		version := ac.prefix + strconv.FormatUint(ac.version, 10)
+		s.acks.version(version, s.rev, start)
+		if err := ac.tbl.update(version, up, sharedGone); err != nil {
+			s.log.Error("assignments not updated", "variant", v.String(), "err", err)
+		}
 		if err := ac.UpdateResources(up, sharedGone); err != nil {
 			s.log.Error("assignments not updated", "variant", v.String(), "err", err)
 		}
@@ -301,10 +337,16 @@ func (s *Server) updateShared(added map[string]types.Resource, gone []string) {
 	}
 	for _, u := range []struct {
 		lc  *cachev3.LinearCache
+		tbl *table
 		res map[string]types.Resource
-	}{{s.caches.listeners, ls}, {s.caches.routes, rs}, {s.caches.clusters[kindGRPC], cg}, {s.caches.clusters[kindEnvoy], ce}} {
+	}{{s.caches.listeners, s.listeners, ls}, {s.caches.routes, s.routes, rs},
+		{s.caches.clusters[kindGRPC], s.clusters[kindGRPC], cg}, {s.caches.clusters[kindEnvoy], s.clusters[kindEnvoy], ce}} {
 		if len(u.res) == 0 && len(gone) == 0 {
 			continue
+		}
+		s.shared++
+		if err := u.tbl.update(s.prefix+strconv.FormatUint(s.shared, 10), u.res, gone); err != nil {
+			s.log.Error("resources not updated", "err", err)
 		}
 		if err := u.lc.UpdateResources(u.res, gone); err != nil {
 			s.log.Error("resources not updated", "err", err)
@@ -312,19 +354,19 @@ func (s *Server) updateShared(added map[string]types.Resource, gone []string) {
 	}
 }
 
-// assignments is the variant's cache of ClusterLoadAssignments, made and
-// filled with every service as last built when its first client asks:
-// under mu, so no build falls between the fill and its first update.
-func (s *Server) assignments(v variant) *cachev3.LinearCache {
+// variant is the variant's ClusterLoadAssignments, made and filled with
+// every service as last built when its first client asks: under mu, so
+// no build falls between the fill and its first update.
+func (s *Server) variant(v variant) *assignCache {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ac := s.variants[v]; ac != nil {
-		return ac.LinearCache
+		return ac
 	}
 	if v.zone != "" && s.zones >= maxZoneVariants {
 		v.zone = ""
 		if ac := s.variants[v]; ac != nil {
-			return ac.LinearCache
+			return ac
 		}
 	}
 	res := make(map[string]types.Resource, len(s.built))
@@ -332,15 +374,33 @@ func (s *Server) assignments(v variant) *cachev3.LinearCache {
 		res[svc] = assignment(svc, b.offers, v)
 	}
 	prefix := fmt.Sprintf("%s%d-", s.prefix, len(s.variants))
-	ac := &assignCache{prefix: prefix, LinearCache: cachev3.NewLinearCache(resourcev3.EndpointType,
-		cachev3.WithVersionPrefix(prefix), cachev3.WithInitialResources(res))}
+	ac := &assignCache{prefix: prefix, tbl: newTable(resourcev3.EndpointType, prefix+"0"),
+		LinearCache: cachev3.NewLinearCache(resourcev3.EndpointType, cachev3.WithVersionPrefix(prefix), cachev3.WithInitialResources(res))}
 	s.acks.version(prefix+"0", s.rev, time.Time{})
+	if err := ac.tbl.update(prefix+"0", res, nil); err != nil {
+		s.log.Error("assignments not encoded", "variant", v.String(), "err", err)
+	}
 	s.variants[v] = ac
 	if v.zone != "" {
 		s.zones++
 	}
 	s.m.variants.Inc()
-	return ac.LinearCache
+	return ac
+}
+
+// table is the state-of-the-world table of typeURL for a client of node n.
+func (s *Server) table(typeURL string, n *corev3.Node) (*table, error) {
+	switch typeURL {
+	case resourcev3.ListenerType:
+		return s.listeners, nil
+	case resourcev3.RouteType:
+		return s.routes, nil
+	case resourcev3.ClusterType:
+		return s.clusters[classify(n).kind], nil
+	case resourcev3.EndpointType:
+		return s.variant(classify(n)).tbl, nil
+	}
+	return nil, fmt.Errorf("the registry serves no resources of type %q", typeURL)
 }
 
 // Revision is the registry revision an assignment version was built from
@@ -384,8 +444,11 @@ func wildcardType(typeURL string) bool {
 // callbacks count streams, ACKs and NACKs, and log each NACK with the
 // client's error (the client keeps its last good version).
 func (s *Server) callbacks() serverv3.Callbacks {
+	// Looked up once: every request and response counts.
+	acks, requests, nacks := s.m.requests.WithLabelValues("ack"), s.m.requests.WithLabelValues("request"), s.m.requests.WithLabelValues("nack")
+	sotwPushes, deltaPushes := s.m.pushes.WithLabelValues("sotw"), s.m.pushes.WithLabelValues("delta")
 	nack := func(n *corev3.Node, typeURL, version, detail string) {
-		s.m.requests.WithLabelValues("nack").Inc()
+		nacks.Inc()
 		s.log.Warn("an xDS client refused a version (NACK); it keeps its last good one",
 			"node", n.GetId(), "user_agent", n.GetUserAgentName(), "type", typeURL, "version", version, "error", detail)
 	}
@@ -427,15 +490,15 @@ func (s *Server) callbacks() serverv3.Callbacks {
 				refused = &msg
 				nack(r.GetNode(), r.GetTypeUrl(), r.GetVersionInfo(), msg)
 			case r.GetResponseNonce() != "":
-				s.m.requests.WithLabelValues("ack").Inc()
+				acks.Inc()
 			default:
-				s.m.requests.WithLabelValues("request").Inc()
+				requests.Inc()
 			}
 			s.acks.request(id, r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), refused, r.GetResourceNames(), nil, true)
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, _ *discoverygrpc.DiscoveryRequest, r *discoverygrpc.DiscoveryResponse) {
-			s.m.pushes.WithLabelValues("sotw").Inc()
+			sotwPushes.Inc()
 			s.acks.response(id, r.GetTypeUrl(), r.GetNonce(), r.GetVersionInfo())
 		},
 		StreamDeltaRequestFunc: func(id int64, r *discoverygrpc.DeltaDiscoveryRequest) error {
@@ -453,16 +516,16 @@ func (s *Server) callbacks() serverv3.Callbacks {
 				refused = &msg
 				nack(r.GetNode(), r.GetTypeUrl(), "", msg)
 			case r.GetResponseNonce() != "":
-				s.m.requests.WithLabelValues("ack").Inc()
+				acks.Inc()
 			default:
-				s.m.requests.WithLabelValues("request").Inc()
+				requests.Inc()
 			}
 			s.acks.request(deltaKey(id), r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), refused,
 				r.GetResourceNamesSubscribe(), r.GetResourceNamesUnsubscribe(), false)
 			return nil
 		},
 		StreamDeltaResponseFunc: func(id int64, _ *discoverygrpc.DeltaDiscoveryRequest, r *discoverygrpc.DeltaDiscoveryResponse) {
-			s.m.pushes.WithLabelValues("delta").Inc()
+			deltaPushes.Inc()
 			s.acks.response(deltaKey(id), r.GetTypeUrl(), r.GetNonce(), r.GetSystemVersionInfo())
 		},
 	}

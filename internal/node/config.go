@@ -179,6 +179,16 @@ var (
 	keepaliveServer      = keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}
 )
 
+// receiveWindow is the regnode's HTTP/2 receive window, per stream and
+// per connection, fixed. Fixed because gRPC's default, a window grown by
+// BDP estimation, answers each burst of data a client sends with a ping
+// the client must answer: with xDS clients ACKing every response, a ping
+// round trip per ACK of every stream (four syscalls across the two ends,
+// as many as the ACK's own). Requests are small (MaxRequestBytes), so the
+// estimation buys nothing; 1 MiB holds the largest many times over, and
+// is below the 16 MiB the estimation may grow a connection's window to.
+const receiveWindow = 1 << 20
+
 // The API's message and stream limits with no flags.
 //
 // Requests are small: the largest is a Register of one record of at most

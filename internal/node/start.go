@@ -339,6 +339,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		grpc.KeepaliveEnforcementPolicy(keepaliveEnforcement),
 		grpc.KeepaliveParams(keepaliveServer),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		grpc.InitialWindowSize(receiveWindow), grpc.InitialConnWindowSize(receiveWindow),
 		grpc.MaxRecvMsgSize(cfg.MaxRequestBytes),
 		grpc.MaxSendMsgSize(cfg.MaxResponseBytes),
 		grpc.ChainUnaryInterceptor(append(unary, n.noSpaceLog())...),
