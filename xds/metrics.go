@@ -13,6 +13,7 @@ type metrics struct {
 	panics       prometheus.Counter     // services entering panic
 	panicking    prometheus.Gauge       // services in panic now
 	pushSeconds  prometheus.Histogram   // from a build to each response carrying its version
+	lastResorts  prometheus.Counter     // last resorts started
 }
 
 // newMetrics makes the Server's metrics; t's streams are counted by kind
@@ -36,13 +37,15 @@ func newMetrics(reg prometheus.Registerer, t *tracker) *metrics {
 			Help: "Services that entered panic (fewer routable instances than the threshold): every instance offered."}),
 		panicking: prometheus.NewGauge(prometheus.GaugeOpts{Name: "registry_xds_panic_services",
 			Help: "Services in panic now."}),
+		lastResorts: prometheus.NewCounter(prometheus.CounterOpts{Name: "registry_xds_last_resort_started_total",
+			Help: "Times most of a service's routable instances vanished by lease expiry at once and stayed offered as a last resort."}),
 		pushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "registry_xds_push_seconds",
 			Help:    "Time from the build of a registry change (its endpoints' new version) to each xDS response carrying it being handed to its stream (responses answering a new subscription not counted).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
 	t.push = m.pushSeconds
 	if reg != nil {
-		reg.MustRegister(m.streams, m.requests, m.pushes, m.builds, m.buildSeconds, m.variants, m.panics, m.panicking,
+		reg.MustRegister(m.streams, m.requests, m.pushes, m.builds, m.buildSeconds, m.variants, m.panics, m.panicking, m.lastResorts,
 			m.pushSeconds, &kindCollector{t: t})
 	}
 	return m

@@ -54,6 +54,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/regcluster/registry/cache"
+	"github.com/regcluster/registry/lastresort"
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
 
@@ -98,6 +100,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the Server's metrics (nil: none).
 	Registerer prometheus.Registerer
+	// LastResort says when and for how long the instances of a service
+	// that mostly vanished by lease expiry are still offered, while
+	// nothing else is routable (package lastresort; zero fields take its
+	// defaults; OnStart and OnEnd are the Server's own: logged and
+	// counted).
+	LastResort lastresort.Config
 	// Scope, if set, says what the client of an xDS stream may read (ctx
 	// is the stream's): every service, or those canRead allows; the
 	// others are never served to it (scope.go). Nil: every service.
@@ -142,6 +150,7 @@ func (c Config) withDefaults() Config {
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
+	lr     *lastresort.Tracker
 	caches *caches
 	ads    serverv3.Server // delta streams (sotw.go serves the others)
 	cb     serverv3.Callbacks
@@ -203,6 +212,19 @@ func New(cfg Config) (*Server, error) {
 		built: map[string]*built{}, variants: map[variant]*assignCache{}, acks: newTracker(),
 		scopes: &scopes{of: cfg.Scope, m: map[int64]scope{}}}
 	s.m = newMetrics(cfg.Registerer, s.acks)
+	lr := cfg.LastResort
+	lr.OnStart = func(service string, kept []*registryv1.Instance, until time.Time) {
+		s.m.lastResorts.Inc()
+		s.log.Warn("most of a service vanished by lease expiry at once (not deregistered): its instances stay offered as a last resort while nothing else is routable",
+			"service", service, "instances", len(kept), "until", until)
+	}
+	lr.OnEnd = func(service string, why lastresort.EndReason) {
+		s.log.Info("last resort over", "service", service, "why", why.String())
+	}
+	var err error
+	if s.lr, err = lastresort.New(lr); err != nil {
+		return nil, fmt.Errorf("xds: %w", err)
+	}
 	s.caches = newCaches(s.prefix, func(v variant) *cachev3.LinearCache { return s.variant(v).LinearCache })
 	s.listeners, s.routes = newTable(resourcev3.ListenerType, s.prefix+"0"), newTable(resourcev3.RouteType, s.prefix+"0")
 	s.clusters = map[kind]*table{kindGRPC: newTable(resourcev3.ClusterType, s.prefix+"0"),
@@ -237,6 +259,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	t := time.NewTimer(0)
 	<-t.C
+	grace := time.NewTimer(time.Hour) // the next end of a last resort
+	defer grace.Stop()
 	var (
 		last  *cache.Snapshot
 		built time.Time
@@ -244,13 +268,21 @@ func (s *Server) Run(ctx context.Context) error {
 	for {
 		changed := s.cfg.Hub.Changed() // before the read: no change falls between
 		if snap := s.cfg.Hub.Snapshot(); snap != last {
-			s.rebuild(snap)
+			s.rebuild(snap, nil)
 			last, built = snap, time.Now()
+		}
+		if next := s.lr.Next(); !next.IsZero() {
+			grace.Reset(max(0, time.Until(next)))
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
+		case now := <-grace.C:
+			if ended := s.lr.Expire(now); len(ended) > 0 {
+				s.rebuild(last, ended)
+			}
+			continue
 		}
 		if wait := s.cfg.Coalesce - time.Since(built); wait > 0 {
 			t.Reset(wait)
@@ -265,24 +297,53 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // rebuild serves snap: every service whose records changed since the
-// last build gets new resources, every service gone loses them.
-func (s *Server) rebuild(snap *cache.Snapshot) {
+// last build (or in again, whose last resort ended) gets new resources,
+// every service gone loses them, unless its vanished instances are kept
+// as a last resort (package lastresort): then they are offered, while
+// nothing else of it is routable.
+func (s *Server) rebuild(snap *cache.Snapshot, again []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	start := time.Now()
+	// What was put and deleted between two builds (a deregistration's
+	// DRAINING mark) tells a deliberate removal from a vanishing.
+	var folded map[string][]*registryv1.Instance
+	if ps, ok := s.cfg.Hub.(interface {
+		PutsSince(int64) (map[string][]*registryv1.Instance, bool)
+	}); ok && s.rev > 0 {
+		folded, _ = ps.PutsSince(s.rev)
+	}
+	redo := map[string]bool{}
+	for _, svc := range again {
+		redo[svc] = true
+	}
 	shared := map[string]types.Resource{} // listeners... of new services
 	var sharedGone []string
 	changed := map[string]*built{}
 	seen := map[string]bool{}
-	for _, svc := range snap.Services() {
-		seen[svc] = true
-		insts := snap.Instances(svc)
+	build := func(svc string, insts []*registryv1.Instance) {
 		old := s.built[svc]
-		if old != nil && slices.Equal(old.insts, insts) {
-			continue
+		if old != nil && slices.Equal(old.insts, insts) && !redo[svc] {
+			return
+		}
+		var prev []*registryv1.Instance
+		if old != nil {
+			prev = old.insts
+		}
+		s.lr.Observe(svc, lastresort.LastSeen(prev, folded[svc]), insts, start)
+		offered := insts
+		if kept := s.lr.Offer(svc, insts, start); len(kept) > 0 {
+			offered = append(slices.Clone(insts), kept...)
+			slices.SortFunc(offered, func(a, b *registryv1.Instance) int { return strings.Compare(a.Id, b.Id) })
+		}
+		if len(offered) == 0 && old != nil {
+			s.panicChange(svc, old, nil)
+			delete(s.built, svc)
+			sharedGone = append(sharedGone, svc)
+			return
 		}
 		b := &built{insts: insts, rev: snap.Revision()}
-		b.offers, b.panic = offer(insts, s.cfg.PanicThresholdPercent)
+		b.offers, b.panic = offer(offered, s.cfg.PanicThresholdPercent)
 		s.panicChange(svc, old, b)
 		s.built[svc] = b
 		changed[svc] = b
@@ -290,11 +351,13 @@ func (s *Server) rebuild(snap *cache.Snapshot) {
 			shared[svc] = nil
 		}
 	}
-	for svc, old := range s.built {
+	for _, svc := range snap.Services() {
+		seen[svc] = true
+		build(svc, snap.Instances(svc))
+	}
+	for svc := range s.built {
 		if !seen[svc] {
-			s.panicChange(svc, old, nil)
-			delete(s.built, svc)
-			sharedGone = append(sharedGone, svc)
+			build(svc, nil) // gone: unless kept as a last resort
 		}
 	}
 	if len(changed) == 0 && len(sharedGone) == 0 {

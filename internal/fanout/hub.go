@@ -720,3 +720,28 @@ func (h *Hub) subscribersChanged() {
 		h.cfg.OnSubscribers(h.mu.subs)
 	}
 }
+
+// PutsSince returns, by service, the records put after revision from up
+// to the hub's current revision, in order, from the ring; complete is
+// false when the ring no longer holds them all (from is older than the
+// ring, or inside a relist). A consumer that follows whole snapshots
+// (the xDS server) reads from it what it folded: a record put and then
+// deleted between two of its snapshots (a deregistration's DRAINING mark).
+func (h *Hub) PutsSince(from int64) (puts map[string][]*registryv1.Instance, complete bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	complete = from >= h.mu.ringStart && !h.inGap(from)
+	i := sort.Search(len(h.mu.ring), func(i int) bool { return h.mu.ring[i].Revision > from })
+	for _, b := range h.mu.ring[i:] {
+		for _, ev := range b.Events {
+			if ev.Type != cache.Put || ev.Instance == nil {
+				continue
+			}
+			if puts == nil {
+				puts = map[string][]*registryv1.Instance{}
+			}
+			puts[ev.Service] = append(puts[ev.Service], ev.Instance)
+		}
+	}
+	return puts, complete
+}
