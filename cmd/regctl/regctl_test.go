@@ -489,10 +489,20 @@ func TestCommands(t *testing.T) {
 		if c := s["counts"].(map[string]any); c["total"] != 2.0 || c["services"] != 2.0 {
 			t.Errorf("counts = %v (want 2 instances in 2 services)", c)
 		}
+		// Every announced regnode's prober: here the one, owning every
+		// checked instance (none has a check), with passing canaries.
+		probing, _ := s["probing"].([]any)
+		if len(probing) != 1 {
+			t.Fatalf("probing = %v, want this regnode's", s["probing"])
+		}
+		if p := probing[0].(map[string]any); p["node"] != s["node"] || p["members"] != 1.0 || p["canary"] != "" || p["error"] != nil {
+			t.Errorf("probing = %v", p)
+		}
 
 		r := mustOK(t, ctl("status"))
 		for _, want := range []string{"Node:", s["node"].(string), "Prober leader:", "Revision:", "Compact revision:",
-			"Cluster ID:", s["cluster_id"].(string), "MEMBER", m["id"].(string), m["name"].(string), "INSTANCES"} {
+			"Cluster ID:", s["cluster_id"].(string), "MEMBER", m["id"].(string), m["name"].(string), "INSTANCES",
+			"PROBER", "PROBES/S", "DISAGREEMENTS", "CANARIES", "pass"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("status lacks %q; %v", want, r)
 			}

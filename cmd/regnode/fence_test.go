@@ -453,3 +453,55 @@ func newCountingTarget(t *testing.T) *countingTarget {
 }
 
 func durationpbS(s int64) *durationpb.Duration { return &durationpb.Duration{Seconds: s} }
+
+// o-1's owner is SIGSTOPped past its session TTL: its announcement
+// expires, another regnode takes o-1 over and writes the next
+// transition; then the stopped one runs again, with whatever it had in
+// flight. Nothing it writes under its old share lands after the move
+// (etcd's history), and it announces itself again.
+func TestStoppedOwnerWritesNothingStale(t *testing.T) {
+	m := etcdtest.Start(t, false)
+	cli := m.Client(t)
+	rs := cluster(t, m.ClientURL, 3, "2s")
+	tg := newTarget(t)
+	register(t, rs, cli, tg)
+	owner := byName(rs, stored(t, cli).GetHealth().GetObserver())
+	if owner == nil {
+		t.Fatalf("o-1's health was written by %q, none of the regnodes", stored(t, cli).GetHealth().GetObserver())
+	}
+	if err := owner.p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			owner.p.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	var moved int64
+	waitFor(t, 30*time.Second, owner.name+"'s announcement to expire", func() bool {
+		resp, err := cli.Get(context.Background(), record.DefaultPrefix+"nodes/"+owner.api)
+		moved = resp.Header.Revision
+		return err == nil && len(resp.Kvs) == 0
+	})
+	tg.down()
+	waitFor(t, 30*time.Second, "another regnode's DEGRADED in etcd", func() bool {
+		h := stored(t, cli).GetHealth()
+		return h.GetState() == registryv1.HealthState_HEALTH_STATE_DEGRADED && h.GetObserver() != owner.name
+	})
+	if err := owner.p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	waitFor(t, 30*time.Second, owner.name+" announced again", func() bool {
+		resp, err := cli.Get(context.Background(), record.DefaultPrefix+"nodes/"+owner.api)
+		return err == nil && len(resp.Kvs) == 1
+	})
+	// It probes again (its share back or not), and nothing stale landed.
+	n0 := probes(t, owner)
+	waitFor(t, 30*time.Second, owner.name+" running again", func() bool { return probes(t, owner) > n0 || metric(t, owner, "registry_probe_owned_instances") == 0 })
+	writes, stale := staleWrites(t, cli, moved)
+	if len(stale) > 0 || writes == 0 {
+		t.Fatalf("after o-1 moved at %d: %d health writes, stale ones: %v", moved, writes, stale)
+	}
+}
