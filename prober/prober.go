@@ -385,7 +385,9 @@ func (p *Prober) run(ctx context.Context, shares Shares, initial []*registryv1.I
 		if applied != nil && snap.Revision() != seen {
 			seen = snap.Revision()
 			f.sync(snap, now)
-			p.owned.Store(int64(len(f.all)))
+			if n := int64(len(f.all)); n != p.owned.Swap(n) && p.cfg.OnOwned != nil {
+				p.cfg.OnOwned(int(n))
+			}
 			launch(now)
 		}
 	}

@@ -2,9 +2,11 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -149,6 +151,15 @@ func (s *Store) markRemoval(ctx context.Context, key, service, id string, ikv, s
 		If(clientv3.Compare(clientv3.ModRevision(key), "=", ikv.ModRevision), clientv3.Compare(clientv3.ModRevision(skey), "=", stateRev)).
 		Then(then...).
 		Commit()
+	if errors.Is(err, rpctypes.ErrNoSpace) || errors.Is(err, rpctypes.ErrGRPCNoSpace) {
+		// etcd is out of space (NOSPACE): it refuses every put, the mark
+		// included, and lets deletes through, which free space. The
+		// delete goes unmarked: a follower may take it for a vanishing
+		// (package lastresort), which only offers it while nothing else
+		// is routable, for a bounded grace; refusing the delete would
+		// keep the operator from freeing space.
+		return 0, true, nil
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("deregister %s: mark it DRAINING before deleting: %w", key, err)
 	}

@@ -395,6 +395,15 @@ func TestShareMovesOnKill(t *testing.T) {
 			})
 		}
 	}
+	// The owned gauges follow the instances registered (not only the
+	// membership): the three own the twelve between them.
+	waitFor(t, 30*time.Second, fmt.Sprintf("the regnodes to own all %d instances", n), func() bool {
+		sum := 0
+		for _, r := range rs {
+			sum += metric(t, r, "registry_probe_owned_instances")
+		}
+		return sum == n
+	})
 	victim := rs[0]
 	for _, r := range rs {
 		if len(owners[r.name]) > len(owners[victim.name]) {
