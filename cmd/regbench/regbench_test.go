@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == firstCallArg {
 		os.Exit(firstCallMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == probeTargetsArg {
+		os.Exit(probeTargetsMain(os.Stdin, os.Stdout))
+	}
 	os.Exit(m.Run())
 }
 
