@@ -41,7 +41,9 @@ test:
 ## instances, 1,000 subscribers in child processes; the full 100,000 /
 ## 10,000 by hand: go run ./cmd/regbench scale); table on stderr, JSON
 ## lines in bench.json (firstcall: process start to first successful call;
-## propagate also against S xDS streams); then the prober's rate and each
+## propagate also against S xDS streams; probe: two pinned regnodes'
+## probe rate against one's, up to 4,000 TCP checks; the full form by
+## hand: go run ./cmd/regbench probe); then the prober's rate and each
 ## probe kind's cost (probes per CPU-second, TIME_WAIT left)
 bench:
 	go test -run '^$$' -bench Register -benchtime 4000x -count 1 ./internal/server/

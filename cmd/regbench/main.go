@@ -7,7 +7,7 @@
 //
 //	regbench SCENARIO [flags]       SCENARIO: register, propagate, compaction,
 //	                                failover, fanout, resync, pick, flood, scale,
-//	                                firstcall, or all;
+//	                                firstcall, probe, or all;
 //	                                or several, comma-separated, run in that order
 //
 // It starts everything it needs itself (embedded etcd, regnodes via
@@ -63,6 +63,7 @@ var scenarios = []scenario{
 	{"flood", runFlood},
 	{"scale", runScale},
 	{"firstcall", runFirstCall},
+	{"probe", runProbe},
 }
 
 // intList is a flag of comma-separated integers.
@@ -138,6 +139,10 @@ type config struct {
 	scaleRoll                                           intList
 	scaleTimeout                                        time.Duration
 	regnodeBin                                          string
+
+	probeStart, probeMax, probeBisect      int
+	probeWindow, probeWarmup, probeTimeout time.Duration
+	probeProfile                           string
 }
 
 func main() {
@@ -149,6 +154,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == firstCallArg {
 		os.Exit(firstCallMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == probeTargetsArg {
+		os.Exit(probeTargetsMain(os.Stdin, os.Stdout))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -235,7 +243,15 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.Var(&c.scaleRoll, "scale-roll", "scale: sizes of the services restarted (rolling), each instance deregistered and registered again")
 	fs.IntVar(&c.scaleWave, "scale-wave", 5, "scale: instances restarted at once in a rolling restart")
 	fs.DurationVar(&c.scaleTimeout, "scale-timeout", 40*time.Minute, "scale: hard deadline of the scenario (instead of -timeout)")
-	fs.StringVar(&c.regnodeBin, "regnode-bin", "", "scale: the regnode binary to run (default: go build ./cmd/regnode into a temporary directory)")
+	fs.StringVar(&c.regnodeBin, "regnode-bin", "", "scale, probe: the regnode binary to run (default: go build ./cmd/regnode into a temporary directory)")
+
+	fs.IntVar(&c.probeStart, "probe-start", 2000, "probe: checked instances of the first step (then doubled until a side keeps fewer than 95% on time, then bisected)")
+	fs.IntVar(&c.probeMax, "probe-max", 40000, "probe: most checked instances of a step")
+	fs.IntVar(&c.probeBisect, "probe-bisect", 3, "probe: bisection steps per side after its first step that misses")
+	fs.DurationVar(&c.probeWindow, "probe-window", 10*time.Second, "probe: length of a step's measurement")
+	fs.DurationVar(&c.probeWarmup, "probe-warmup", 3*time.Second, "probe: wait between a step's last registration being probed by its owner and its measurement")
+	fs.DurationVar(&c.probeTimeout, "probe-deadline", 10*time.Minute, "probe: hard deadline of the scenario (instead of -timeout); the two sides share it")
+	fs.StringVar(&c.probeProfile, "probe-profile", "", "probe: write each regnode's CPU profile of every step's window to PREFIX-NAME-NN.pprof")
 
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -289,6 +305,12 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 			"scale-procs":       "2",
 			"scale-changes":     "50",
 			"scale-timeout":     "10m",
+			"probe-start":       "1000",
+			"probe-max":         "4000",
+			"probe-bisect":      "0",
+			"probe-window":      "4s",
+			"probe-warmup":      "2s",
+			"probe-deadline":    "3m",
 		}
 		for k, v := range short {
 			if !set[k] {
@@ -319,11 +341,16 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	for _, v := range []struct {
 		flag string
 		n    int
-	}{{"scale-instances", c.scaleN}, {"scale-subs", c.scaleS}, {"scale-procs", c.scaleProcs}, {"scale-changes", c.scaleChanges}, {"scale-wave", c.scaleWave}} {
+	}{{"scale-instances", c.scaleN}, {"scale-subs", c.scaleS}, {"scale-procs", c.scaleProcs}, {"scale-changes", c.scaleChanges}, {"scale-wave", c.scaleWave},
+		{"probe-start", c.probeStart}, {"probe-max", c.probeMax}} {
 		if v.n < 1 {
 			usage(stderr, fs)
 			return "", nil, fmt.Errorf("-%s: %d is not a positive integer", v.flag, v.n)
 		}
+	}
+	if c.probeWindow < 2*probeInterval {
+		usage(stderr, fs)
+		return "", nil, fmt.Errorf("-probe-window: %s is shorter than two check intervals (%s)", c.probeWindow, 2*probeInterval)
 	}
 	if c.scaleRate <= 0 {
 		usage(stderr, fs)
@@ -412,8 +439,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // prints every goroutine and exits: the deadline is hard.
 func runOne(parent context.Context, cfg *config, s scenario, stderr io.Writer) *Result {
 	timeout := cfg.timeout
-	if s.name == "scale" {
+	switch s.name {
+	case "scale":
 		timeout = cfg.scaleTimeout
+	case "probe":
+		timeout = cfg.probeTimeout
 	}
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()

@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == firstCallArg {
 		os.Exit(firstCallMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == probeTargetsArg {
+		os.Exit(probeTargetsMain(os.Stdin, os.Stdout))
+	}
 	os.Exit(m.Run())
 }
 
@@ -52,6 +55,11 @@ var tiny = map[string][]string{
 	"flood": {"-flood-registers", "120", "-flood-conc", "8", "-flood-cap", "40", "-flood-calls", "20", "-flood-instances", "5"},
 	// Real regnode processes (built once by the scenario), subscribers in
 	// two child processes; bounded by its own deadline.
+	// Real regnode processes (built once by the scenario) and a target
+	// process; two steps a side, then a killed backend; bounded by its
+	// own deadline.
+	"probe": {"-probe-start", "30", "-probe-max", "60", "-probe-bisect", "0", "-probe-window", "2s", "-probe-warmup", "1s",
+		"-probe-deadline", "4m"},
 	"scale": {"-scale-instances", "300", "-scale-subs", "30", "-scale-procs", "2", "-scale-changes", "10",
 		"-scale-rate", "50", "-scale-roll", "5,10", "-scale-wave", "3", "-scale-timeout", "4m"},
 }
@@ -232,6 +240,31 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 		}
 		if total != 30 || onVictim != moved {
 			t.Errorf("scale kill: streams before the kill %q, %v followed as the killed regnode's", before, moved)
+		}
+		return
+	}
+	if scenario == "probe" {
+		// Both sides probed every instance in every window, the targets
+		// saw the probes the regnodes counted, and the killed backend
+		// went DEGRADED, then UNAVAILABLE.
+		for _, side := range []string{"ours", "baseline/one_regnode"} {
+			for _, n := range []int{30, 60} {
+				c := fmt.Sprintf("%s/N=%d/", side, n)
+				never, ok := at(obj, c+"never_probed")
+				rate, _ := at(obj, c+"probes_per_s")
+				acc, _ := at(obj, c+"target_accepts_per_s")
+				if !ok || never != 0 || rate <= 0 || math.Abs(acc-rate) > 0.2*rate {
+					t.Errorf("probe %s: %v instances never probed (present %v), %v probes/s counted, %v accepted/s", c, never, ok, rate, acc)
+				}
+			}
+			deg, _ := at(obj, side+"/capacity/detect_degraded_ms")
+			unav, _ := at(obj, side+"/capacity/detect_unavailable_ms")
+			if deg <= 0 || unav < deg {
+				t.Errorf("probe %s: detected DEGRADED after %vms, UNAVAILABLE after %vms", side, deg, unav)
+			}
+		}
+		if q, ok := at(obj, "ratio/rate_2_vs_1"); !ok || q <= 0 {
+			t.Errorf("probe: ratio/rate_2_vs_1 = %v (present %v)", q, ok)
 		}
 		return
 	}

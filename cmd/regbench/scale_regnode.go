@@ -82,6 +82,12 @@ func (p *regnodeProc) tail() string {
 // a regnode under load with go tool pprof http://METRICS/debug/pprof/profile);
 // dir holds its data directory. It does not wait for it to serve.
 func startRegnodeProc(bin, name, etcdURL, dir string) (*regnodeProc, error) {
+	return startRegnodeProcOn(bin, name, etcdURL, dir, "")
+}
+
+// startRegnodeProcOn is startRegnodeProc with the process pinned to the
+// CPUs of cpus (taskset -c CPUS; "" pins nothing) and extra flags.
+func startRegnodeProcOn(bin, name, etcdURL, dir, cpus string, extra ...string) (*regnodeProc, error) {
 	ap, err1 := freePort()
 	mp, err2 := freePort()
 	if err1 != nil || err2 != nil {
@@ -92,6 +98,11 @@ func startRegnodeProc(bin, name, etcdURL, dir string) (*regnodeProc, error) {
 		"--data-dir", filepath.Join(dir, name), "--log-level", "warn", "--shutdown-grace", "500ms", "--enable-pprof",
 		"--write-rate", "1e9", "--write-burst", "1000000", "--keepalive-rate", "1e9", "--keepalive-burst", "1000000",
 		"--max-streams-per-peer", "100000000", "--max-registrations-per-peer", "100000000", "--max-writes-in-flight-per-peer", "100000")
+	p.cmd.Args = append(p.cmd.Args, extra...)
+	if cpus != "" {
+		// taskset execs the regnode in its own place: the pid is the regnode's.
+		p.cmd = exec.Command("taskset", append([]string{"-c", cpus}, p.cmd.Args...)...)
+	}
 	p.cmd.Stderr = procWriter{p}
 	p.startedAt = time.Now()
 	if err := p.cmd.Start(); err != nil {
@@ -180,22 +191,32 @@ func (p *regnodeProc) rss() int64 {
 // procCPU is a process's user+system CPU time so far, from
 // /proc/PID/stat (in clock ticks of 1/100s, as Linux reports them).
 func procCPU(pid int) time.Duration {
+	u, s := procTimes(pid)
+	if u < 0 {
+		return -1
+	}
+	return u + s
+}
+
+// procTimes is a process's user and system CPU time so far (-1, -1 if
+// /proc/PID/stat cannot be read).
+func procTimes(pid int) (user, sys time.Duration) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return -1
+		return -1, -1
 	}
 	// The command name (field 2) is in parentheses and may hold spaces.
 	rest := string(b[bytes.LastIndexByte(b, ')')+1:])
 	f := strings.Fields(rest) // f[0] is field 3 (state)
 	if len(f) < 13 {
-		return -1
+		return -1, -1
 	}
 	ut, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		return -1
+		return -1, -1
 	}
-	return time.Duration(ut+st) * 10 * time.Millisecond
+	return time.Duration(ut) * 10 * time.Millisecond, time.Duration(st) * 10 * time.Millisecond
 }
 
 // metric sums the samples of a metric family from the regnode's /metrics
