@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -252,6 +253,15 @@ func TestFirstCallsAroundFailover(t *testing.T) {
 		Instance: &registryv1.Instance{Service: "payments", Id: "p0", Address: pay.addr}}); err != nil {
 		t.Fatal(err)
 	}
+	// Both regnodes hold the registrations: the Client's stream may start
+	// on either (a view from one behind them is a true view of its
+	// revision, and would serve "no instance" rightly).
+	head, err := rnA.Etcd.Get(context.Background(), "/", clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rnA.WaitRevision(t, head.Header.Revision)
+	rnB.WaitRevision(t, head.Header.Revision)
 	c := newClient(t, rnA.Addr, rnB.Addr)
 	sub, err := c.Subscribe(context.Background(), "orders", client.SubscribeOptions{})
 	if err != nil {
