@@ -294,12 +294,12 @@ func (p *Prober) run(ctx context.Context, shares Shares, initial []*registryv1.I
 	// etcd delays what lands, not the probes.
 	w := newWriter(p.cfg.Store, nil, p.cfg.Writers, p.log, p.cfg.OnTransition)
 	w.timeout = p.cfg.WriteTimeout
-	w.share = func(key cache.Key) ([]clientv3.Cmp, bool) {
+	w.share = func(key cache.Key) ([]clientv3.Cmp, int64, bool) {
 		s := cur.Load()
 		if s == nil || !s.Owns(key.Service, key.ID) {
-			return nil, false
+			return nil, 0, false
 		}
-		return s.Guard, true
+		return s.Guard, s.Fence, true
 	}
 	w.retryFenced = !fencedEnds
 	w.onFenced = p.cfg.OnFenced

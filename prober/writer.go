@@ -42,7 +42,7 @@ type writer struct {
 	// key is still this writer's to write (a job for one no longer is is
 	// dropped); retryFenced: a write the guard refuses is tried again
 	// (the share moved), rather than closing Fenced.
-	share       func(cache.Key) ([]clientv3.Cmp, bool)
+	share       func(cache.Key) (guard []clientv3.Cmp, fence int64, ok bool)
 	retryFenced bool
 	onFenced    func()
 
@@ -233,15 +233,21 @@ var errLanded = errors.New("the transition is already in etcd")
 // write writes one transition; it returns true if it should be written
 // again (etcd trouble), false when it landed or never will.
 func (w *writer) write(ctx context.Context, key cache.Key, s *slot, j *job, base *registryv1.Instance, hint store.StateHint) bool {
-	guard := w.guard
+	guard, health := w.guard, j.health
 	if w.share != nil {
-		g, ok := w.share(key)
+		g, fence, ok := w.share(key)
 		if !ok {
 			// The share moved: the new owner probes it before it writes.
 			w.log.Info("health transition not written: the instance is no longer this regnode's", "instance", key.Service+"/"+key.ID, "to", j.tr.To.String())
 			return false
 		}
 		guard = g
+		if health.GetFence() != fence {
+			// Written under the share's guard now, not the one it was
+			// observed under: the record names the fence that let it in.
+			health = proto.CloneOf(health)
+			health.Fence = fence
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
@@ -249,13 +255,13 @@ func (w *writer) write(ctx context.Context, key cache.Key, s *slot, j *job, base
 		if in.CreateRevision != j.create {
 			return fmt.Errorf("%s/%s was registered anew: %w", key.Service, key.ID, record.ErrNotFound)
 		}
-		if proto.Equal(in.Health, j.health) {
+		if proto.Equal(in.Health, health) {
 			// An earlier try landed although its answer was lost (a
 			// timeout): writing it again would be a put that is no
 			// transition.
 			return errLanded
 		}
-		in.Health = j.health
+		in.Health = health
 		return nil
 	})
 	w.mu.Lock()
