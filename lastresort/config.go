@@ -40,6 +40,10 @@ type Config struct {
 	// just before that must vanish within Window for the last resort to
 	// start, in (0, 1] (default DefaultFraction).
 	Fraction float64
+	// Off keeps nothing: the Tracker never starts a last resort (for a
+	// caller that must route by the registry's views alone, such as a
+	// checker that judges every call by them).
+	Off bool
 	// OnStart, if set, is called when a service's last resort starts,
 	// with the instances kept (the Tracker's own: not to be modified) and
 	// when the grace ends. It is called after the Tracker's lock is

@@ -78,6 +78,9 @@ func New(cfg Config) (*Tracker, error) {
 // batch put before deleting them (see LastSeen), or the DRAINING mark of a
 // deregistration is lost and it is taken for a vanishing.
 func (t *Tracker) Observe(service string, prev, cur []*registryv1.Instance, now time.Time) {
+	if t.cfg.Off {
+		return
+	}
 	var due []event
 	t.mu.Lock()
 	sv := t.mu.services[service]

@@ -235,3 +235,21 @@ func TestLastSeen(t *testing.T) {
 		t.Fatal("LastSeen modified prev")
 	}
 }
+
+// Off keeps nothing, however much vanishes.
+func TestTrackerOff(t *testing.T) {
+	tr, err := lastresort.New(lastresort.Config{Off: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	all := []*registryv1.Instance{
+		{Service: "orders", Id: "a", Address: "10.0.0.1:80", Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING},
+		{Service: "orders", Id: "b", Address: "10.0.0.2:80", Lifecycle: registryv1.Lifecycle_LIFECYCLE_SERVING},
+	}
+	tr.Observe("orders", nil, all, now)
+	tr.Observe("orders", all, nil, now)
+	if n, _ := tr.Held("orders"); n != 0 || len(tr.Offer("orders", nil, now)) != 0 {
+		t.Fatalf("Off kept %d instances", n)
+	}
+}
