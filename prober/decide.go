@@ -188,25 +188,32 @@ func (p *Prober) massAllows(t *tracked, before health.Machine, tr health.Transit
 	if t.inst.Zone != "" {
 		keys = append(keys, "zone "+t.inst.Zone)
 	}
-	m := p.mass
+	if why := p.mass.admit(snap, t.inst, keys, now, p.cfg); why != "" {
+		p.hold(t, before, tr, "mass", why)
+		return false
+	}
+	return true
+}
+
+// admit records an eviction of inst at now under every key and returns
+// "", or, past the limit of one of them, records nothing and says why.
+func (m *massState) admit(snap *cache.Snapshot, inst *registryv1.Instance, keys []string, now time.Time, cfg Config) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, k := range keys {
-		total, recent := m.count(snap, t.inst, k, now, p.cfg.MassWindow)
-		recent = max(recent, m.own(k, now, p.cfg.MassWindow))
-		limit := max(p.cfg.MassMin, int(math.Ceil(p.cfg.MassShare*float64(total))))
-		if recent >= limit && now.Sub(m.last[k]) < p.cfg.MassTrickle {
-			m.mu.Unlock()
-			p.hold(t, before, tr, "mass", "mass demotion: "+k+" already lost "+strconv.Itoa(recent)+" of "+strconv.Itoa(total)+" checked instances within "+p.cfg.MassWindow.String())
-			m.mu.Lock()
-			return false
+		total, recent := m.count(snap, inst, k, now, cfg.MassWindow)
+		recent = max(recent, m.own(k, now, cfg.MassWindow))
+		limit := max(cfg.MassMin, int(math.Ceil(cfg.MassShare*float64(total))))
+		if recent >= limit && now.Sub(m.last[k]) < cfg.MassTrickle {
+			return "mass demotion: " + k + " already lost " + strconv.Itoa(recent) + " of " + strconv.Itoa(total) +
+				" checked instances within " + cfg.MassWindow.String()
 		}
 	}
 	for _, k := range keys {
 		m.evicted[k] = append(m.evicted[k], now)
 		m.last[k] = now
 	}
-	return true
+	return ""
 }
 
 // massState is what massAllows remembers.

@@ -201,7 +201,7 @@ func TestFailingCanaryHoldsDemotions(t *testing.T) {
 		id := fmt.Sprintf("c-%d", i)
 		r := recordKey(t, rn.Etcd, rn.Prefix, id)
 		registerHTTP(t, api, id, b.addr)
-		if !ownedBy(t, rn, id, deadAddr) {
+		if ownerOf(t, rn, id) != deadAddr {
 			rec, backend = r, b
 		}
 	}
@@ -222,14 +222,6 @@ func TestFailingCanaryHoldsDemotions(t *testing.T) {
 	}
 	rec.await(degraded, 30*time.Second)
 	rec.await(unavailable, 30*time.Second)
-}
-
-// ownedBy reports whether service orders' id is owned by the member
-// announced at addr, by the membership in etcd now (the rendezvous rule,
-// computed here as the regnode computes it).
-func ownedBy(t *testing.T, rn *regnodetest.Regnode, id, addr string) bool {
-	t.Helper()
-	return ownerOf(t, rn, id) == addr
 }
 
 // At most MassDemotionShare of one service's checked instances are

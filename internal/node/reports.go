@@ -87,16 +87,16 @@ func (r *reporting) own(reporter string, rep *registryv1.SubscribeReport) {
 	for i, c := range rep.Instances {
 		calls[i] = reports.Calls{ID: c.Id, Failures: c.Failures, Successes: c.Successes, Ejected: c.Ejected}
 	}
-	before := r.agg.Stats().Discounted
 	now := time.Now()
-	for _, id := range r.agg.Add(reporter, rep.Service, calls, now) {
+	raised, discounted := r.agg.Add(reporter, rep.Service, calls, now)
+	if discounted {
+		m.Reports.WithLabelValues("discounted").Inc()
+		return
+	}
+	for _, id := range raised {
 		if r.agg.Failing(rep.Service, id, now) >= r.n.cfg.ReportQuorum {
 			r.n.prober.Nudge(rep.Service, id)
 		}
-	}
-	if r.agg.Stats().Discounted > before {
-		m.Reports.WithLabelValues("discounted").Inc()
-		return
 	}
 	m.Reports.WithLabelValues("owned").Inc()
 }

@@ -113,8 +113,9 @@ func New(cfg Config) (*Aggregator, error) {
 
 // Add takes one report of reporter about service's instances, made at
 // now, and returns the instances whose count of failing reporters it
-// raised.
-func (a *Aggregator) Add(reporter, service string, calls []Calls, now time.Time) (raised []string) {
+// raised, and whether it was discounted (the reporter's calls failed
+// everywhere).
+func (a *Aggregator) Add(reporter, service string, calls []Calls, now time.Time) (raised []string, discounted bool) {
 	var ok uint64
 	everywhere := len(calls) > 0
 	for _, c := range calls {
@@ -126,7 +127,7 @@ func (a *Aggregator) Add(reporter, service string, calls []Calls, now time.Time)
 	a.received++
 	if everywhere {
 		a.ignored++
-		return nil
+		return nil, true
 	}
 	a.adds++
 	if a.adds%1024 == 0 {
@@ -165,7 +166,7 @@ func (a *Aggregator) Add(reporter, service string, calls []Calls, now time.Time)
 			}
 		}
 	}
-	return raised
+	return raised, false
 }
 
 // Failing is how many distinct reporters see service/id failing at now.

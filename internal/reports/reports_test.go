@@ -15,7 +15,7 @@ func TestAggregator(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	bad := []reports.Calls{{ID: "a", Failures: 5}, {ID: "b", Successes: 20}}
 	for i, r := range []string{"c1", "c2", "c3"} {
-		raised := a.Add(r, "orders", bad, t0)
+		raised, _ := a.Add(r, "orders", bad, t0)
 		if len(raised) != 1 || raised[0] != "a" {
 			t.Fatalf("report %d raised %v, want [a]", i, raised)
 		}
@@ -24,11 +24,13 @@ func TestAggregator(t *testing.T) {
 		}
 	}
 	// The same reporter again: no new vote.
-	if raised := a.Add("c1", "orders", bad, t0.Add(time.Second)); len(raised) != 0 {
+	if raised, _ := a.Add("c1", "orders", bad, t0.Add(time.Second)); len(raised) != 0 {
 		t.Fatalf("a repeated report raised %v", raised)
 	}
 	// A caller whose calls fail everywhere is discounted.
-	a.Add("c4", "orders", []reports.Calls{{ID: "a", Failures: 9}, {ID: "b", Failures: 9}}, t0)
+	if _, discounted := a.Add("c4", "orders", []reports.Calls{{ID: "a", Failures: 9}, {ID: "b", Failures: 9}}, t0); !discounted {
+		t.Fatal("a caller failing everywhere was not discounted")
+	}
 	// Too few failures, more successes than failures, or no peer
 	// success: none counts.
 	a.Add("c5", "orders", []reports.Calls{{ID: "a", Failures: 2}, {ID: "b", Successes: 5}}, t0)

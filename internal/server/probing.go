@@ -66,30 +66,16 @@ func (s *Server) probing(ctx context.Context, peers bool) (*registryv1.Probing, 
 }
 
 func (s *Server) askProbing(ctx context.Context, p Peer) *registryv1.Probing {
-	fail := func(err error) *registryv1.Probing {
+	var resp *registryv1.StatusResponse
+	err := s.callPeer(ctx, p, s.cfg.CallTimeout, func(ctx context.Context, cli registryv1.RegistryClient) (err error) {
+		resp, err = cli.Status(ctx, &registryv1.StatusRequest{})
+		return err
+	})
+	if err == nil && resp.Probing == nil {
+		err = errors.New("it reports no probing (an older regnode?)")
+	}
+	if err != nil {
 		return &registryv1.Probing{Node: p.Name, Address: p.Addr, Error: err.Error()}
-	}
-	if s.cfg.DialPeer == nil {
-		return fail(errors.New("this regnode cannot call other regnodes"))
-	}
-	cli, closer, err := s.cfg.DialPeer(p.Addr)
-	if err != nil {
-		return fail(err)
-	}
-	defer closer()
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
-	defer cancel()
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get("authorization"); len(v) > 0 {
-			cctx = metadata.AppendToOutgoingContext(cctx, "authorization", v[0])
-		}
-	}
-	resp, err := cli.Status(cctx, &registryv1.StatusRequest{})
-	if err != nil {
-		return fail(err)
-	}
-	if resp.Probing == nil {
-		return fail(errors.New("it reports no probing (an older regnode?)"))
 	}
 	return resp.Probing
 }

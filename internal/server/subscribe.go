@@ -366,31 +366,40 @@ func (s *Server) waitLocal(ctx context.Context, service string, rev int64) *regi
 	}
 }
 
+// callPeer makes call on another regnode's API within timeout, with the
+// caller's token if any: the peer checks it as this regnode did (a
+// regnode holds no token of its own).
+func (s *Server) callPeer(ctx context.Context, p Peer, timeout time.Duration, call func(context.Context, registryv1.RegistryClient) error) error {
+	if s.cfg.DialPeer == nil {
+		return errors.New("this regnode cannot call other regnodes")
+	}
+	cli, closer, err := s.cfg.DialPeer(p.Addr)
+	if err != nil {
+		return err
+	}
+	defer closer()
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("authorization"); len(v) > 0 {
+			cctx = metadata.AppendToOutgoingContext(cctx, "authorization", v[0])
+		}
+	}
+	return call(cctx, cli)
+}
+
 // askPeer asks another regnode for its part, bounded by timeout plus the
 // time a call takes.
 func (s *Server) askPeer(ctx context.Context, p Peer, service string, rev int64, timeout time.Duration) *registryv1.NodeApplied {
 	fail := func(err error) *registryv1.NodeApplied {
 		return &registryv1.NodeApplied{Node: p.Name, Address: p.Addr, Error: err.Error()}
 	}
-	if s.cfg.DialPeer == nil {
-		return fail(errors.New("this regnode cannot call other regnodes"))
-	}
-	cli, closer, err := s.cfg.DialPeer(p.Addr)
-	if err != nil {
-		return fail(err)
-	}
-	defer closer()
-	cctx, cancel := context.WithTimeout(ctx, timeout+s.cfg.CallTimeout)
-	defer cancel()
-	// The caller's token, if any, goes with the question: the peer checks
-	// it as this regnode did (a regnode holds no token of its own).
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get("authorization"); len(v) > 0 {
-			cctx = metadata.AppendToOutgoingContext(cctx, "authorization", v[0])
-		}
-	}
-	resp, err := cli.WaitApplied(cctx, &registryv1.WaitAppliedRequest{Service: service, Revision: rev,
-		Timeout: durationpb.New(timeout), Local: true})
+	var resp *registryv1.WaitAppliedResponse
+	err := s.callPeer(ctx, p, timeout+s.cfg.CallTimeout, func(ctx context.Context, cli registryv1.RegistryClient) (err error) {
+		resp, err = cli.WaitApplied(ctx, &registryv1.WaitAppliedRequest{Service: service, Revision: rev,
+			Timeout: durationpb.New(timeout), Local: true})
+		return err
+	})
 	if err != nil {
 		return fail(err)
 	}

@@ -2,11 +2,8 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
-
-	"google.golang.org/grpc/metadata"
 
 	registryv1 "github.com/regcluster/registry/proto/registry/v1"
 )
@@ -66,22 +63,11 @@ func (s *Server) askPeerXDS(ctx context.Context, p Peer) *registryv1.NodeXdsClie
 	fail := func(err error) *registryv1.NodeXdsClients {
 		return &registryv1.NodeXdsClients{Node: p.Name, Address: p.Addr, Error: err.Error()}
 	}
-	if s.cfg.DialPeer == nil {
-		return fail(errors.New("this regnode cannot call other regnodes"))
-	}
-	cli, closer, err := s.cfg.DialPeer(p.Addr)
-	if err != nil {
-		return fail(err)
-	}
-	defer closer()
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
-	defer cancel()
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get("authorization"); len(v) > 0 {
-			cctx = metadata.AppendToOutgoingContext(cctx, "authorization", v[0])
-		}
-	}
-	resp, err := cli.XdsClients(cctx, &registryv1.XdsClientsRequest{})
+	var resp *registryv1.XdsClientsResponse
+	err := s.callPeer(ctx, p, s.cfg.CallTimeout, func(ctx context.Context, cli registryv1.RegistryClient) (err error) {
+		resp, err = cli.XdsClients(ctx, &registryv1.XdsClientsRequest{})
+		return err
+	})
 	if err != nil {
 		return fail(err)
 	}
