@@ -141,6 +141,7 @@ type config struct {
 	regnodeBin                                          string
 
 	probeStart, probeMax, probeBisect      int
+	probeTimedEvery                        int
 	probeWindow, probeWarmup, probeTimeout time.Duration
 	probeProfile                           string
 }
@@ -248,6 +249,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 	fs.IntVar(&c.probeStart, "probe-start", 2000, "probe: checked instances of the first step (then doubled until a side keeps fewer than 95% on time, then bisected)")
 	fs.IntVar(&c.probeMax, "probe-max", 40000, "probe: most checked instances of a step")
 	fs.IntVar(&c.probeBisect, "probe-bisect", 3, "probe: bisection steps per side after its first step that misses")
+	fs.IntVar(&c.probeTimedEvery, "probe-timed-every", 16, "probe: one target listener in this many accepts and times its probes (the sample for on-time shares); the others defer accept (TCP_DEFER_ACCEPT) and cost the targets nothing")
 	fs.DurationVar(&c.probeWindow, "probe-window", 10*time.Second, "probe: length of a step's measurement")
 	fs.DurationVar(&c.probeWarmup, "probe-warmup", 3*time.Second, "probe: wait between a step's last registration being probed by its owner and its measurement")
 	fs.DurationVar(&c.probeTimeout, "probe-deadline", 10*time.Minute, "probe: hard deadline of the scenario (instead of -timeout); the two sides share it")
@@ -342,7 +344,7 @@ func parse(args []string, stderr io.Writer) (string, *config, error) {
 		flag string
 		n    int
 	}{{"scale-instances", c.scaleN}, {"scale-subs", c.scaleS}, {"scale-procs", c.scaleProcs}, {"scale-changes", c.scaleChanges}, {"scale-wave", c.scaleWave},
-		{"probe-start", c.probeStart}, {"probe-max", c.probeMax}} {
+		{"probe-start", c.probeStart}, {"probe-max", c.probeMax}, {"probe-timed-every", c.probeTimedEvery}} {
 		if v.n < 1 {
 			usage(stderr, fs)
 			return "", nil, fmt.Errorf("-%s: %d is not a positive integer", v.flag, v.n)

@@ -13,11 +13,15 @@ import (
 // probe_targets_linux.go), answering one command per line on stdin (each
 // answer starts with the command's word, or is "err MESSAGE"):
 //
+//	every E B → every: from now on, listener i of this child (the pool's
+//	           listener B+i) accepts and is timed when (B+i)%E == 0; the
+//	           others are deferred (see probe_targets_linux.go)
 //	add K    → add ADDR...: K more listeners, on 127.77.x.y, ports 20000-32767
 //	start N  → start: a window over listeners [0, N) begins
 //	stop     → stop ACCEPTS GAP...: the window ends; the connections accepted
 //	           in it, and each listener's longest gap between two probes in
-//	           milliseconds (the window's ends count as probes; -1: killed)
+//	           milliseconds (the window's ends count as probes; -1: killed;
+//	           -2: deferred, not timed)
 //	kill I   → kill UNIXNANO: listener I is closed (its address refuses)
 //
 // It closes everything and exits when stdin closes.
@@ -31,13 +35,14 @@ const perTargetChild = 16000
 // is listener i%perTargetChild of child i/perTargetChild.
 type targetPool struct {
 	ctx    context.Context
+	every  int // listener i is timed when i%every == 0
 	kids   []*childProc
 	addrs  []string
 	killed map[int]bool
 }
 
-func newTargetPool(ctx context.Context) *targetPool {
-	return &targetPool{ctx: ctx, killed: map[int]bool{}}
+func newTargetPool(ctx context.Context, every int) *targetPool {
+	return &targetPool{ctx: ctx, every: every, killed: map[int]bool{}}
 }
 
 // grow makes sure there are at least n listeners.
@@ -50,6 +55,9 @@ func (p *targetPool) grow(n int) error {
 				return err
 			}
 			p.kids = append(p.kids, c)
+			if _, err := c.ask(fmt.Sprintf("every %d %d", p.every, k*perTargetChild)); err != nil {
+				return err
+			}
 		}
 		want := min(n-len(p.addrs), (k+1)*perTargetChild-len(p.addrs))
 		f, err := p.kids[k].ask("add " + strconv.Itoa(want))
@@ -75,7 +83,7 @@ func (p *targetPool) start(n int) error {
 }
 
 // stop ends the window: the connections accepted in it, and each measured
-// listener's longest gap between probes (-1: killed).
+// listener's longest gap between probes (-1ms: killed; -2ms: not timed).
 func (p *targetPool) stop() (accepts int64, gaps []time.Duration, err error) {
 	for _, c := range p.kids {
 		f, err := c.ask("stop")

@@ -58,7 +58,7 @@ var tiny = map[string][]string{
 	// Real regnode processes (built once by the scenario) and a target
 	// process; two steps a side, then a killed backend; bounded by its
 	// own deadline.
-	"probe": {"-probe-start", "30", "-probe-max", "60", "-probe-bisect", "0", "-probe-window", "2s", "-probe-warmup", "1s",
+	"probe": {"-probe-start", "30", "-probe-max", "60", "-probe-bisect", "0", "-probe-window", "2s", "-probe-warmup", "1s", "-probe-timed-every", "2",
 		"-probe-deadline", "4m"},
 	"scale": {"-scale-instances", "300", "-scale-subs", "30", "-scale-procs", "2", "-scale-changes", "10",
 		"-scale-rate", "50", "-scale-roll", "5,10", "-scale-wave", "3", "-scale-timeout", "4m"},
@@ -244,17 +244,23 @@ func checkFields(t *testing.T, scenario string, obj map[string]any) {
 		return
 	}
 	if scenario == "probe" {
-		// Both sides probed every instance in every window, the targets
-		// saw the probes the regnodes counted, and the killed backend
-		// went DEGRADED, then UNAVAILABLE.
+		// Both sides probed every instance in every window, the timed
+		// targets saw the probes the regnodes counted, every probe of a
+		// deferred target passed as one of a timed target does, and the
+		// killed backend went DEGRADED, then UNAVAILABLE.
 		for _, side := range []string{"ours", "baseline/one_regnode"} {
 			for _, n := range []int{30, 60} {
 				c := fmt.Sprintf("%s/N=%d/", side, n)
 				never, ok := at(obj, c+"never_probed")
 				rate, _ := at(obj, c+"probes_per_s")
-				acc, _ := at(obj, c+"target_accepts_per_s")
-				if !ok || never != 0 || rate <= 0 || math.Abs(acc-rate) > 0.2*rate {
-					t.Errorf("probe %s: %v instances never probed (present %v), %v probes/s counted, %v accepted/s", c, never, ok, rate, acc)
+				seen, _ := at(obj, c+"probes_per_s_seen_by_targets")
+				timed, _ := at(obj, c+"timed_instances")
+				failed, fok := at(obj, c+"failed_probes")
+				if !ok || never != 0 || rate <= 0 || math.Abs(seen-rate) > 0.2*rate || timed < float64(n)/2-1 || timed >= float64(n) {
+					t.Errorf("probe %s: %v instances never probed (present %v), %v probes/s counted, %v seen by %v timed targets", c, never, ok, rate, seen, timed)
+				}
+				if !fok || failed != 0 {
+					t.Errorf("probe %s: %v probes failed (present %v): a deferred target must pass as a timed one does", c, failed, fok)
 				}
 			}
 			deg, _ := at(obj, side+"/capacity/detect_degraded_ms")

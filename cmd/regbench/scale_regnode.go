@@ -222,29 +222,44 @@ func procTimes(pid int) (user, sys time.Duration) {
 // metric sums the samples of a metric family from the regnode's /metrics
 // (-1 if it cannot be read).
 func (p *regnodeProc) metric(ctx context.Context, name string) float64 {
+	return p.scrape(ctx, name)[0]
+}
+
+// scrape is metric for several names, all read from one scrape, so that
+// they describe one moment (each -1 if /metrics cannot be read). A name
+// may carry its labels as /metrics prints them: `m{result="ok"}`.
+func (p *regnodeProc) scrape(ctx context.Context, names ...string) []float64 {
+	sums := make([]float64, len(names))
+	fail := func() []float64 {
+		for i := range sums {
+			sums[i] = -1
+		}
+		return sums
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.metrics+"/metrics", nil)
 	if err != nil {
-		return -1
+		return fail()
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return -1
+		return fail()
 	}
 	defer resp.Body.Close()
-	sum := 0.0
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') {
-			continue
-		}
-		f := strings.Fields(line)
-		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
-			sum += v
+		for i, name := range names {
+			if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') {
+				continue
+			}
+			f := strings.Fields(line)
+			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+				sums[i] += v
+			}
 		}
 	}
-	return sum
+	return sums
 }
 
 // kill SIGKILLs the process and waits until it is reaped.

@@ -43,7 +43,10 @@ type probeSide struct {
 type probeStep struct {
 	n           int
 	rate        float64 // probes per second (the regnodes' counters)
-	accepts     float64 // connections per second the targets accepted
+	accepts     float64 // connections per second the timed targets accepted
+	timed       int     // instances whose listener is timed (the sample)
+	seenRate    float64 // probes per second the timed targets saw, scaled to all n
+	failed      float64 // probes in the window whose result was not ok
 	onTime      float64 // share of instances whose longest gap was within probeLate
 	rateShare   float64 // min(1, rate / (n/interval)): what the counters alone would say
 	never       int     // instances not probed at all in the window
@@ -87,7 +90,8 @@ func runProbe(ctx context.Context, e *env) (*Result, error) {
 	r.param("bisect", cfg.probeBisect)
 	r.param("window_s", cfg.probeWindow.Seconds())
 	r.param("warmup_s", cfg.probeWarmup.Seconds())
-	r.skipRatio("instances", "never_probed", "transitions", "max_on_time_instances_capped")
+	r.param("timed_every", cfg.probeTimedEvery)
+	r.skipRatio("instances", "never_probed", "transitions", "max_on_time_instances_capped", "timed_instances", "failed_probes")
 
 	cpus := [2]string{"0", "1"}
 	switch _, err := exec.LookPath("taskset"); {
@@ -112,7 +116,7 @@ func runProbe(ctx context.Context, e *env) (*Result, error) {
 			return r, err
 		}
 	}
-	tg := newTargetPool(ctx)
+	tg := newTargetPool(ctx, cfg.probeTimedEvery)
 	e.onClose(tg.close)
 
 	start := time.Now()
@@ -149,6 +153,9 @@ func runProbe(ctx context.Context, e *env) (*Result, error) {
 			record(c, "target_cores", round3(st.targetCPU))
 			record(c, "etcd_and_bench_cores", round3(st.benchCPU))
 			record(c, "target_accepts_per_s", round3(st.accepts))
+			record(c, "timed_instances", st.timed)
+			record(c, "probes_per_s_seen_by_targets", round3(st.seenRate))
+			record(c, "failed_probes", st.failed)
 			record(c, "transitions", st.transitions)
 		}
 		sat := o.saturated()
@@ -180,6 +187,7 @@ func runProbe(ctx context.Context, e *env) (*Result, error) {
 		r.target("the default run ends within 10 minutes", "<= 600s", fmt.Sprintf("%.0fs", took.Seconds()), took <= 10*time.Minute)
 	}
 	r.note("probes_per_s at capacity is the highest rate of any step (a step past the side's capacity measures it); on time: no gap over %s between two probes of an instance, timed by the targets' accepts", probeLate)
+	r.note("targets: one listener in %d accepts and times its probes (timed_instances, a uniform sample: owners are a hash of the instance's name); the rest defer accept (TCP_DEFER_ACCEPT): the prober's connect succeeds and its reset drops the embryonic connection, so they cost the targets no system call; probes_per_s_seen_by_targets scales the sample's accepts to every instance", cfg.probeTimedEvery)
 	r.note("cores: CPU-seconds per second; regnode_user_share is user time over user+system (on loopback the kernel work of both ends of a probe's handshake runs in the prober's system calls); etcd_and_bench_cores is this process: etcd, the writer, the polls")
 	return r, nil
 }
@@ -328,15 +336,18 @@ func (g *probeRig) members() int {
 	return least
 }
 
-// sum adds a metric family over the regnodes (-1 if one cannot be read).
-func (g *probeRig) sum(ctx context.Context, name string) float64 {
-	total := 0.0
+// sum adds metric families over the regnodes, each regnode's read from
+// one scrape (-1 if one cannot be read).
+func (g *probeRig) sum(ctx context.Context, names ...string) []float64 {
+	total := make([]float64, len(names))
 	for _, p := range g.nodes {
-		v := p.metric(ctx, name)
-		if v < 0 {
-			return -1
+		for i, v := range p.scrape(ctx, names...) {
+			if v < 0 || total[i] < 0 {
+				total[i] = -1
+				continue
+			}
+			total[i] += v
 		}
-		total += v
 	}
 	return total
 }
@@ -427,12 +438,13 @@ type cpuSnap struct {
 	at             time.Time
 	user, sys      time.Duration // the regnodes'
 	targets, bench time.Duration
-	probes, trans  float64
+	probes, ok     float64
+	trans          float64
 }
 
 func (g *probeRig) snap(ctx context.Context) cpuSnap {
-	s := cpuSnap{at: time.Now(), targets: g.tg.cpu(), bench: cpuTime(),
-		probes: g.sum(ctx, "registry_probes_total"), trans: g.sum(ctx, "registry_health_transitions_total")}
+	m := g.sum(ctx, "registry_probes_total", `registry_probes_total{result="ok"}`, "registry_health_transitions_total")
+	s := cpuSnap{at: time.Now(), targets: g.tg.cpu(), bench: cpuTime(), probes: m[0], ok: m[1], trans: m[2]}
 	for _, p := range g.nodes {
 		u, sy := procTimes(p.cmd.Process.Pid)
 		s.user += u
@@ -446,11 +458,26 @@ func (g *probeRig) snap(ctx context.Context) cpuSnap {
 func (g *probeRig) step(ctx context.Context, n int, tag string) (probeStep, error) {
 	cfg := g.e.cfg
 	g.e.progress.set("%s: N=%d: registering", tag, n)
+	added := max(0, n-g.cur)
+	t0 := g.sum(ctx, "registry_health_transitions_total")[0]
 	if err := g.setInstances(ctx, n); err != nil {
 		return probeStep{}, err
 	}
 	if err := g.waitOwned(ctx, n); err != nil {
 		return probeStep{}, err
+	}
+	// Each new instance's first verdict (UNKNOWN to HEALTHY) is a write:
+	// thousands of them landing in the window would bill their etcd
+	// work to the step. Past a side's capacity they may never all come
+	// (slow probes churn): then the step is measured anyway.
+	g.e.progress.set("%s: N=%d: waiting for %d first verdicts", tag, n, added)
+	settle, cancel := context.WithTimeout(ctx, 30*time.Second)
+	_ = waitFor(settle, 100*time.Millisecond, func() bool {
+		return g.sum(settle, "registry_health_transitions_total")[0]-t0 >= float64(added)
+	})
+	cancel()
+	if ctx.Err() != nil {
+		return probeStep{}, ctx.Err()
 	}
 	g.e.progress.set("%s: N=%d: warming up", tag, n)
 	sleep(ctx, cfg.probeWarmup)
@@ -476,12 +503,13 @@ func (g *probeRig) step(ctx context.Context, n int, tag string) (probeStep, erro
 		return probeStep{}, ctx.Err()
 	}
 	dt := b.at.Sub(a.at).Seconds()
-	st := probeStep{n: n, rate: (b.probes - a.probes) / dt, accepts: float64(accepts) / dt, transitions: b.trans - a.trans}
+	st := probeStep{n: n, rate: (b.probes - a.probes) / dt, accepts: float64(accepts) / dt, transitions: b.trans - a.trans,
+		failed: (b.probes - a.probes) - (b.ok - a.ok)}
 	var ds []time.Duration
 	onTime := 0
 	for _, gap := range gaps[min(probeVictims, len(gaps)):] {
 		if gap < 0 {
-			continue // killed
+			continue // killed, or not timed
 		}
 		ds = append(ds, gap)
 		if gap <= probeLate {
@@ -493,7 +521,9 @@ func (g *probeRig) step(ctx context.Context, n int, tag string) (probeStep, erro
 	}
 	if len(ds) > 0 {
 		st.onTime = float64(onTime) / float64(len(ds))
+		st.seenRate = st.accepts * float64(n) / float64(len(ds))
 	}
+	st.timed = len(ds)
 	st.gaps = summarize(ds)
 	st.rateShare = min(1, st.rate/(float64(n)/probeInterval.Seconds()))
 	cpu := (b.user - a.user) + (b.sys - a.sys)
