@@ -88,9 +88,10 @@ type Config struct {
 	// Hub is the regnode's view: the Server follows every service
 	// through it (required).
 	Hub View
-	// Coalesce is the least time between two builds (default 20ms): a
-	// change after a quiet spell is built at once, a burst's changes wait
-	// for the window's end and go out as one version.
+	// Coalesce is the least time between the starts of two builds
+	// (default 20ms): a change after a quiet spell is built at once, a
+	// burst's changes wait for the window's end and go out as one
+	// version.
 	Coalesce time.Duration
 	// PanicThresholdPercent: below this share of routable instances
 	// (of those neither draining nor starting) every such instance is
@@ -268,8 +269,13 @@ func (s *Server) Run(ctx context.Context) error {
 	for {
 		changed := s.cfg.Hub.Changed() // before the read: no change falls between
 		if snap := s.cfg.Hub.Snapshot(); snap != last {
+			// The window runs from the build's start: timed from its end,
+			// every build's own cost was added to the next change's wait,
+			// and under a steady rate near one change per window those
+			// waits added up until they filled it.
+			started := time.Now()
 			s.rebuild(snap, nil)
-			last, built = snap, time.Now()
+			last, built = snap, started
 		}
 		if next := s.lr.Next(); !next.IsZero() {
 			grace.Reset(max(0, time.Until(next)))
