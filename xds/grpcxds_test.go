@@ -87,6 +87,9 @@ func TestXDSChild(t *testing.T) {
 	if c, err := strconv.Atoi(os.Getenv("REGISTRY_XDS_CONCURRENCY")); err == nil && c > 0 {
 		workers = c
 	}
+	// REGISTRY_XDS_FAILFAST=1: calls fail at once when there is nothing
+	// to call, instead of waiting for it within their deadline.
+	waitForReady := os.Getenv("REGISTRY_XDS_FAILFAST") != "1"
 	for in.Scan() {
 		n, _ := strconv.Atoi(strings.TrimPrefix(in.Text(), "call "))
 		var (
@@ -99,7 +102,7 @@ func TestXDSChild(t *testing.T) {
 			wg.Go(func() {
 				for next.Add(1) <= int64(n) {
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+					_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(waitForReady))
 					cancel()
 					mu.Lock()
 					if err != nil {
