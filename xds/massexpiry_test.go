@@ -84,6 +84,12 @@ func TestMassExpiryLosesNoCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
+	sdkCall := func() error { // fail-fast
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		defer ccancel()
+		_, err := healthpb.NewHealthClient(cc).Check(cctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
 	// grpc-go's xDS caller, in its own process.
 	boot, _ := json.Marshal(map[string]any{
 		"xds_servers": []any{map[string]any{"server_uri": rn.Addr, "channel_creds": []any{map[string]string{"type": "insecure"}},
@@ -96,10 +102,7 @@ func TestMassExpiryLosesNoCall(t *testing.T) {
 
 	waitFor(t, time.Minute, "both callers reaching every backend", func() bool {
 		for range 20 {
-			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := healthpb.NewHealthClient(cc).Check(cctx, &healthpb.HealthCheckRequest{})
-			ccancel()
-			if err != nil {
+			if sdkCall() != nil {
 				return false
 			}
 		}
@@ -129,9 +132,7 @@ func TestMassExpiryLosesNoCall(t *testing.T) {
 				return
 			default:
 			}
-			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := healthpb.NewHealthClient(cc).Check(cctx, &healthpb.HealthCheckRequest{})
-			ccancel()
+			err := sdkCall()
 			sdkCalls.Add(1)
 			if err != nil {
 				sdkFailed.Add(1)

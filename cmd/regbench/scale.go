@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,17 +77,9 @@ func scale(ctx context.Context, e *env, started *[]*regnodeProc) (*Result, error
 	cs := fmt.Sprintf("N=%d,S=%d", N, S)
 	keys := record.NewKeys("")
 
-	dir, err := os.MkdirTemp("", "regbench-scale-")
+	dir, bin, err := regnodeBinary(ctx, e, "regbench-scale-")
 	if err != nil {
 		return r, err
-	}
-	e.onClose(func() { os.RemoveAll(dir) })
-	bin := cfg.regnodeBin
-	if bin == "" {
-		e.progress.set("building regnode")
-		if bin, err = buildRegnode(ctx, dir); err != nil {
-			return r, err
-		}
 	}
 	e.progress.set("starting etcd")
 	etcd, err := startEtcd(ctx, e, false)

@@ -30,14 +30,24 @@ import (
 var fastReconnect = grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 	BaseDelay: 5 * time.Millisecond, Multiplier: 1.2, Jitter: 0.1, MaxDelay: 20 * time.Millisecond}, MinConnectTimeout: time.Second})
 
-// buildRegnode builds cmd/regnode into dir and returns the binary's path.
-func buildRegnode(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "regnode")
+// regnodeBinary makes a temporary directory (pattern as os.MkdirTemp's,
+// removed when e closes) and returns it with the regnode binary to run:
+// -regnode-bin, or cmd/regnode built into that directory.
+func regnodeBinary(ctx context.Context, e *env, pattern string) (dir, bin string, err error) {
+	if dir, err = os.MkdirTemp("", pattern); err != nil {
+		return "", "", err
+	}
+	e.onClose(func() { os.RemoveAll(dir) })
+	if bin = e.cfg.regnodeBin; bin != "" {
+		return dir, bin, nil
+	}
+	e.progress.set("building regnode")
+	bin = filepath.Join(dir, "regnode")
 	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/regcluster/registry/cmd/regnode").CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("build regnode (run regbench inside the repository, or give -regnode-bin): %w\n%s", err, out)
+		return "", "", fmt.Errorf("build regnode (run regbench inside the repository, or give -regnode-bin): %w\n%s", err, out)
 	}
-	return bin, nil
+	return dir, bin, nil
 }
 
 // regnodeProc is one regnode process, a client of an external etcd.

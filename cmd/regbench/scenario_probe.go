@@ -104,17 +104,9 @@ func runProbe(ctx context.Context, e *env) (*Result, error) {
 	}
 	sides := []probeSide{{name: "one_regnode", cpus: cpus[:1]}, {name: "", cpus: cpus[:]}}
 
-	dir, err := os.MkdirTemp("", "regbench-probe-")
+	dir, bin, err := regnodeBinary(ctx, e, "regbench-probe-")
 	if err != nil {
 		return r, err
-	}
-	e.onClose(func() { os.RemoveAll(dir) })
-	bin := cfg.regnodeBin
-	if bin == "" {
-		e.progress.set("building regnode")
-		if bin, err = buildRegnode(ctx, dir); err != nil {
-			return r, err
-		}
 	}
 	tg := newTargetPool(ctx, cfg.probeTimedEvery)
 	e.onClose(tg.close)

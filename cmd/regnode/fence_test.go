@@ -64,12 +64,16 @@ func leader(t *testing.T, cli *clientv3.Client) (election.Leader, bool) {
 	return l, err == nil
 }
 
-func byName(rs []*regnodeProc, name string) *regnodeProc {
+// storedOwner is the regnode that wrote o-1's stored health.
+func storedOwner(t *testing.T, rs []*regnodeProc, cli *clientv3.Client) *regnodeProc {
+	t.Helper()
+	observer := stored(t, cli).GetHealth().GetObserver()
 	for _, r := range rs {
-		if r.name == name {
+		if r.name == observer {
 			return r
 		}
 	}
+	t.Fatalf("o-1's health was written by %q, none of the regnodes", observer)
 	return nil
 }
 
@@ -263,10 +267,7 @@ func TestPausedOwnerIsFenced(t *testing.T) {
 	rs := cluster(t, m.ClientURL, 3, "30s")
 	tg := newTarget(t)
 	register(t, rs, cli, tg)
-	owner := byName(rs, stored(t, cli).GetHealth().GetObserver())
-	if owner == nil {
-		t.Fatalf("o-1's health was written by %q, none of the regnodes", stored(t, cli).GetHealth().GetObserver())
-	}
+	owner := storedOwner(t, rs, cli)
 
 	owner.link.Pause()
 	del, err := cli.Delete(context.Background(), record.DefaultPrefix+"nodes/"+owner.api)
@@ -474,10 +475,7 @@ func TestStoppedOwnerWritesNothingStale(t *testing.T) {
 	rs := cluster(t, m.ClientURL, 3, "2s")
 	tg := newTarget(t)
 	register(t, rs, cli, tg)
-	owner := byName(rs, stored(t, cli).GetHealth().GetObserver())
-	if owner == nil {
-		t.Fatalf("o-1's health was written by %q, none of the regnodes", stored(t, cli).GetHealth().GetObserver())
-	}
+	owner := storedOwner(t, rs, cli)
 	if err := owner.p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
